@@ -1,0 +1,81 @@
+/* Per-thread last-error message and the invariant hook. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tessera/status.h"
+
+#define TSR_ERROR_LEN 2048
+
+/* Thread-local because a rank is a thread: each rank reads back only its own failures. */
+static _Thread_local char last_error[TSR_ERROR_LEN];
+
+static void default_invariant_handler(const char *expr, const char *file, int line) {
+  fprintf(stderr, "tessera: invariant violated at %s:%d: %s\n", file, line, expr);
+  abort();
+}
+
+/* Process-wide by design: the handler is a debugging policy, not rank state. Written only by
+ * tsr_set_invariant_handler before ranks start. */
+static tsr_invariant_handler invariant_handler = default_invariant_handler;
+
+const char *tsr_status_name(tsr_status s) {
+  switch (s) {
+    case TSR_OK: return "OK";
+    case TSR_EINVAL: return "EINVAL";
+    case TSR_ENOTSUP: return "ENOTSUP";
+    case TSR_ENOMEM: return "ENOMEM";
+    case TSR_EIO: return "EIO";
+    case TSR_ECOMM: return "ECOMM";
+    case TSR_ETIMEDOUT: return "ETIMEDOUT";
+    case TSR_EPLUGIN: return "EPLUGIN";
+    case TSR_EINTERNAL: return "EINTERNAL";
+  }
+  return "E?";
+}
+
+const char *tsr_last_error(void) { return last_error; }
+
+void tsr_clear_error(void) { last_error[0] = '\0'; }
+
+tsr_status tsr_error(tsr_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+tsr_status tsr_error_at(tsr_status s, const char *file, int line, const char *fmt, ...) {
+  /* Only the basename: full build paths make messages unreadable. */
+  const char *base = strrchr(file, '/');
+  base = base ? base + 1 : file;
+  int n = snprintf(last_error, sizeof last_error, "%s:%d: ", base, line);
+  if (n < 0 || (size_t)n >= sizeof last_error) n = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+  va_end(ap);
+  return s;
+}
+
+tsr_status tsr_error_prefix(tsr_status s, const char *fmt, ...) {
+  char prefix[512], old[TSR_ERROR_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  memcpy(old, last_error, sizeof old);
+  snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+  return s;
+}
+
+tsr_invariant_handler tsr_set_invariant_handler(tsr_invariant_handler h) {
+  tsr_invariant_handler old = invariant_handler;
+  invariant_handler = h ? h : default_invariant_handler;
+  return old;
+}
+
+void tsr_invariant_failed(const char *expr, const char *file, int line) {
+  invariant_handler(expr, file, line);
+}

@@ -1,0 +1,33 @@
+/* The per-rank context: everything one SPMD rank needs, so that nothing per rank lives in a
+ * global. Two ranks may be two threads of one process, each with its own tsr_rank_t.
+ */
+#ifndef TESSERA_RANK_H
+#define TESSERA_RANK_H
+
+#include "tessera/comm.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tsr_rank_t tsr_rank_t;
+typedef struct tsr_registry_t tsr_registry_t; /* see tessera/registry.h */
+
+/* A rank context over `comm` (borrowed). `registry` (borrowed, may be NULL) supplies the rules
+ * that loaded plugins registered; it is read-only while ranks run. The context owns a CPU
+ * allocator whose counters measure this rank's memory. */
+tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_rank_t **out);
+void tsr_rank_free(tsr_rank_t *r);
+
+int tsr_rank_id(const tsr_rank_t *r);
+int tsr_rank_world(const tsr_rank_t *r);
+tsr_comm_t *tsr_rank_comm(tsr_rank_t *r);
+const tsr_registry_t *tsr_rank_registry(const tsr_rank_t *r);
+tsr_allocator *tsr_rank_allocator(tsr_rank_t *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
