@@ -1,0 +1,197 @@
+/* Per-token layers of the Llama block: RMSNorm, RoPE, SwiGLU, embedding, head layout changes. */
+#include <math.h>
+#include <string.h>
+
+#include "tessera/kernels.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * RMSNorm
+ * ------------------------------------------------------------------------------------------- */
+
+void tsr_kernel_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
+                                int C, float eps) {
+  for (int64_t i = 0; i < N; i++) {
+    const float *xi = x + i * C;
+    float *oi = out + i * C;
+    /* The mean of squares is summed in double so that a wide row loses nothing to the order of
+     * the additions; the result is rounded to f32 once, as the f32 reference does. */
+    double ss = 0.0;
+    for (int j = 0; j < C; j++) ss += (double)xi[j] * xi[j];
+    float var = (float)(ss / C);
+    float r = 1.0f / sqrtf(var + eps);
+    /* (x · rstd) · w in this order, as LlamaRMSNorm normalises before applying the weight. */
+    for (int j = 0; j < C; j++) oi[j] = (xi[j] * r) * w[j];
+    rstd[i] = r;
+  }
+}
+
+void tsr_kernel_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                                 const float *w, const float *rstd, int N, int C) {
+  for (int64_t i = 0; i < N; i++) {
+    const float *xi = x + i * C;
+    const float *gi = dout + i * C;
+    float *dxi = dx + i * C;
+    float r = rstd[i];
+    /* y_j = w_j x_j r with r = (mean x² + eps)^(-1/2), so ∂r/∂x_k = -r³ x_k / C and
+     * dx_k = r (w_k g_k − x_k r² · (1/C) Σ_j w_j g_j x_j). */
+    double dot = 0.0;
+    for (int j = 0; j < C; j++) dot += (double)gi[j] * w[j] * xi[j];
+    float coef = (float)(dot / C) * r * r;
+    for (int j = 0; j < C; j++) dxi[j] += r * (w[j] * gi[j] - xi[j] * coef);
+    if (dw != NULL) {
+      for (int j = 0; j < C; j++) dw[j] += gi[j] * xi[j] * r;
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RoPE
+ * ------------------------------------------------------------------------------------------- */
+
+tsr_status tsr_kernel_rope_tables(float *cos_t, float *sin_t, const int32_t *pos, int L, int D,
+                                  float theta) {
+  if (D <= 0 || D % 2 != 0) {
+    return TSR_ERROR(TSR_EINVAL, "rope: head_dim %d must be positive and even", D);
+  }
+  if (L < 0) return TSR_ERROR(TSR_EINVAL, "rope: sequence length %d is negative", L);
+  if (!(theta > 0.0f)) return TSR_ERROR(TSR_EINVAL, "rope: rope_theta %g must be > 0", theta);
+  int half = D / 2;
+  for (int64_t l = 0; l < L; l++) {
+    float p = (float)pos[l];
+    for (int i = 0; i < half; i++) {
+      float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+      float angle = p * inv_freq;
+      float c = cosf(angle), s = sinf(angle);
+      cos_t[l * D + i] = c;
+      cos_t[l * D + i + half] = c;
+      sin_t[l * D + i] = s;
+      sin_t[l * D + i + half] = s;
+    }
+  }
+  return TSR_OK;
+}
+
+void tsr_kernel_rope_forward(float *out, const float *x, const float *cos_t, const float *sin_t,
+                             int B, int L, int H, int D) {
+  int half = D / 2;
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t l = 0; l < L; l++) {
+      const float *c = cos_t + l * D;
+      const float *s = sin_t + l * D;
+      for (int64_t h = 0; h < H; h++) {
+        int64_t off = ((b * L + l) * H + h) * D;
+        const float *xh = x + off;
+        float *oh = out + off;
+        for (int i = 0; i < half; i++) {
+          /* Both halves are read before either is written, which makes out == x safe. */
+          float x1 = xh[i], x2 = xh[i + half];
+          oh[i] = x1 * c[i] - x2 * s[i];
+          oh[i + half] = x2 * c[i + half] + x1 * s[i + half];
+        }
+      }
+    }
+  }
+}
+
+void tsr_kernel_rope_backward(float *dx, const float *dout, const float *cos_t, const float *sin_t,
+                              int B, int L, int H, int D) {
+  int half = D / 2;
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t l = 0; l < L; l++) {
+      const float *c = cos_t + l * D;
+      const float *s = sin_t + l * D;
+      for (int64_t h = 0; h < H; h++) {
+        int64_t off = ((b * L + l) * H + h) * D;
+        const float *g = dout + off;
+        float *d = dx + off;
+        for (int i = 0; i < half; i++) {
+          float g1 = g[i], g2 = g[i + half];
+          d[i] += g1 * c[i] + g2 * s[i + half];
+          d[i + half] += g2 * c[i + half] - g1 * s[i];
+        }
+      }
+    }
+  }
+}
+
+void tsr_kernel_blhd_to_bhld(float *out, const float *x, int B, int L, int H, int D) {
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t l = 0; l < L; l++) {
+      for (int64_t h = 0; h < H; h++) {
+        memcpy(out + ((b * H + h) * L + l) * D, x + ((b * L + l) * H + h) * D,
+               (size_t)D * sizeof(float));
+      }
+    }
+  }
+}
+
+void tsr_kernel_bhld_to_blhd(float *out, const float *x, int B, int L, int H, int D) {
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t h = 0; h < H; h++) {
+      for (int64_t l = 0; l < L; l++) {
+        memcpy(out + ((b * L + l) * H + h) * D, x + ((b * H + h) * L + l) * D,
+               (size_t)D * sizeof(float));
+      }
+    }
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * SwiGLU
+ * ------------------------------------------------------------------------------------------- */
+
+void tsr_kernel_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i];
+    /* g / (1 + e^-g) rather than g · sigmoid(g): the form torch's silu uses, and for very
+     * negative g it gives -0 instead of inf · 0. */
+    out[i] = (g / (1.0f + expf(-g))) * up[i];
+  }
+}
+
+void tsr_kernel_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
+                                const float *up, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i];
+    float s = 1.0f / (1.0f + expf(-g));
+    float silu = g * s;
+    /* d silu / dg = s + g s (1 − s) */
+    dgate[i] += dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    dup[i] += dout[i] * silu;
+  }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Embedding
+ * ------------------------------------------------------------------------------------------- */
+
+static tsr_status check_ids(const char *what, const int32_t *ids, int N, int V) {
+  for (int i = 0; i < N; i++) {
+    if (ids[i] < 0 || ids[i] >= V) {
+      return TSR_ERROR(TSR_EINVAL,
+                       "%s: token id %d at position %d is outside the vocabulary [0, %d)", what,
+                       (int)ids[i], i, V);
+    }
+  }
+  return TSR_OK;
+}
+
+tsr_status tsr_kernel_embedding_forward(float *out, const int32_t *ids, const float *table, int N,
+                                        int V, int C) {
+  TSR_CHECK(check_ids("embedding forward", ids, N, V));
+  for (int64_t i = 0; i < N; i++) {
+    memcpy(out + i * C, table + (int64_t)ids[i] * C, (size_t)C * sizeof(float));
+  }
+  return TSR_OK;
+}
+
+tsr_status tsr_kernel_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                         int N, int V, int C) {
+  TSR_CHECK(check_ids("embedding backward", ids, N, V));
+  for (int64_t i = 0; i < N; i++) {
+    float *row = dtable + (int64_t)ids[i] * C;
+    const float *g = dout + i * C;
+    for (int j = 0; j < C; j++) row[j] += g[j];
+  }
+  return TSR_OK;
+}
