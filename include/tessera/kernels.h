@@ -8,8 +8,8 @@
  *    add; callers zero gradients once. A NULL gradient pointer means "not wanted" where noted.
  *  - Functions that can reject their input return tsr_status and leave a message naming the
  *    offending argument and value for tsr_last_error(); the rest return void.
- *  - The caller owns all memory; no kernel allocates except where documented (attention and the
- *    parallel helpers use small stack buffers).
+ *  - The caller owns all memory; no kernel allocates from the heap except
+ *    tsr_kernel_sgemm_peak_gflops (its work buffers).
  *
  * Threads: GEMM runs on OpenBLAS's thread pool, which is process-wide; the hand-written kernels
  * split their outer loop over a per-calling-thread count. See tsr_kernel_set_threads.
@@ -210,7 +210,7 @@ void tsr_kernel_cross_entropy_shard_backward(float *dlogits /* (N, Vl) */,
  * ------------------------------------------------------------------------------------------- */
 
 /* out = softmax(q kᵀ / sqrt(D) + mask) v and lse = log Σ_j exp(score_j) (natural log), per query
- * row. Returns TSR_EINVAL for bad head counts or sizes. */
+ * row. head_dim may be 1 to 512. Returns TSR_EINVAL for bad head counts or sizes. */
 tsr_status tsr_kernel_attention_forward(float *out /* (B, Hq, Lq, D) */,
                                         float *lse /* (B, Hq, Lq) */,
                                         const float *q /* (B, Hq, Lq, D) */,
