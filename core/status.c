@@ -21,22 +21,35 @@ static tsr_invariant_handler invariant_handler = default_invariant_handler;
 
 const char *tsr_status_name(tsr_status s) {
   switch (s) {
-    case TSR_OK: return "OK";
-    case TSR_EINVAL: return "EINVAL";
-    case TSR_ENOTSUP: return "ENOTSUP";
-    case TSR_ENOMEM: return "ENOMEM";
-    case TSR_EIO: return "EIO";
-    case TSR_ECOMM: return "ECOMM";
-    case TSR_ETIMEDOUT: return "ETIMEDOUT";
-    case TSR_EPLUGIN: return "EPLUGIN";
-    case TSR_EINTERNAL: return "EINTERNAL";
+    case TSR_OK:
+      return "OK";
+    case TSR_EINVAL:
+      return "EINVAL";
+    case TSR_ENOTSUP:
+      return "ENOTSUP";
+    case TSR_ENOMEM:
+      return "ENOMEM";
+    case TSR_EIO:
+      return "EIO";
+    case TSR_ECOMM:
+      return "ECOMM";
+    case TSR_ETIMEDOUT:
+      return "ETIMEDOUT";
+    case TSR_EPLUGIN:
+      return "EPLUGIN";
+    case TSR_EINTERNAL:
+      return "EINTERNAL";
   }
   return "E?";
 }
 
-const char *tsr_last_error(void) { return last_error; }
+const char *tsr_last_error(void) {
+  return last_error;
+}
 
-void tsr_clear_error(void) { last_error[0] = '\0'; }
+void tsr_clear_error(void) {
+  last_error[0] = '\0';
+}
 
 tsr_status tsr_error(tsr_status s, const char *fmt, ...) {
   va_list ap;
@@ -60,13 +73,20 @@ tsr_status tsr_error_at(tsr_status s, const char *file, int line, const char *fm
 }
 
 tsr_status tsr_error_prefix(tsr_status s, const char *fmt, ...) {
-  char prefix[512], old[TSR_ERROR_LEN];
+  char prefix[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  int n = vsnprintf(prefix, sizeof prefix - 2, fmt, ap);
   va_end(ap);
-  memcpy(old, last_error, sizeof old);
-  snprintf(last_error, sizeof last_error, "%s: %s", prefix, old);
+  if (n < 0) return s;
+  size_t plen = strlen(prefix), old = strlen(last_error);
+  memcpy(prefix + plen, ": ", 3);
+  plen += 2;
+  /* When both do not fit, the old message is cut at its end: the prefix is the context. */
+  if (plen + old >= TSR_ERROR_LEN) old = TSR_ERROR_LEN - 1 - plen;
+  memmove(last_error + plen, last_error, old);
+  memcpy(last_error, prefix, plen);
+  last_error[plen + old] = '\0';
   return s;
 }
 

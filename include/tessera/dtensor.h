@@ -11,10 +11,10 @@
  *
  * Redistribute changes placements, on one mesh or between two meshes of the same shape over
  * different ranks (pipeline stages: each rank sends its local tensor to the rank at the same
- * coordinates of the other mesh). Each change has an adjoint, used by autograd: the gradient
- * flows back with the source placements, Partial replaced by Replicate (as DTensor does), which
- * turns an all-gather into a reduce-scatter, an all-to-all into its inverse, a send into a recv
- * and a local chunk into a gather.
+ * coordinates of the other mesh; the two meshes share no rank). Each change has an adjoint, used by
+ * autograd: the gradient flows back with the source placements, Partial replaced by Replicate (as
+ * DTensor does), which turns an all-gather into a reduce-scatter, an all-to-all into its inverse, a
+ * send into a recv and a local chunk into a gather.
  */
 #ifndef TESSERA_DTENSOR_H
 #define TESSERA_DTENSOR_H
@@ -59,9 +59,9 @@ bool tsr_placement_equal(tsr_placement a, tsr_placement b);
 const char *tsr_placement_str(tsr_placement p, char *buf, size_t len);
 
 typedef struct tsr_dtensor {
-  const tsr_mesh_t *mesh;                      /* borrowed; outlives the DTensor */
-  int ndim;                                    /* global rank of the tensor */
-  int64_t shape[TSR_MAX_DIMS];                 /* (ndim) global shape */
+  const tsr_mesh_t *mesh;      /* borrowed; outlives the DTensor */
+  int ndim;                    /* global rank of the tensor */
+  int64_t shape[TSR_MAX_DIMS]; /* (ndim) global shape */
   tsr_dtype dtype;
   tsr_placement placements[TSR_MAX_MESH_DIMS]; /* (mesh ndim) */
   tsr_tensor *local;                           /* owned; NULL when this rank is not in mesh */
@@ -91,23 +91,23 @@ tsr_status tsr_dtensor_from_local(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_ten
 tsr_status tsr_dtensor_full_tensor(tsr_rank_t *r, const tsr_dtensor *x, tsr_tensor **out);
 void tsr_dtensor_free(tsr_dtensor *x);
 
-/* Collective over the ranks of x's mesh and `mesh`. `mesh` is x's mesh or one of the same
- * shape (cross-mesh move). Ranks of neither mesh may call it and get a DTensor with no local. */
+/* Collective over the ranks of x's mesh and `mesh`. `mesh` is x's mesh, or one of the same
+ * shape over disjoint ranks (a cross-mesh move between pipeline stages). Every rank of both
+ * meshes calls it with x's metadata (local NULL off x's mesh); ranks of neither mesh may call it
+ * and get a DTensor with no local. */
 tsr_status tsr_dtensor_redistribute(tsr_rank_t *r, const tsr_dtensor *x, const tsr_mesh_t *mesh,
                                     const tsr_placement *placements, tsr_dtensor **out);
 /* As redistribute, with the target given per dim name. Names `mesh` lacks are ignored; dims of
  * `mesh` not named keep x's placement on the dim of that name (Replicate if x has none). */
 tsr_status tsr_dtensor_redistribute_by_dict(tsr_rank_t *r, const tsr_dtensor *x,
-                                            const tsr_mesh_t *mesh, int n,
-                                            const char *const *names,
+                                            const tsr_mesh_t *mesh, int n, const char *const *names,
                                             const tsr_placement *placements, tsr_dtensor **out);
 /* The adjoint of redistributing from (src_mesh, src_placements): `grad` is the gradient of the
  * redistribute's output; the result has src_mesh and src_placements with Partial replaced by
  * Replicate. */
 tsr_status tsr_dtensor_redistribute_adjoint(tsr_rank_t *r, const tsr_dtensor *grad,
                                             const tsr_mesh_t *src_mesh,
-                                            const tsr_placement *src_placements,
-                                            tsr_dtensor **out);
+                                            const tsr_placement *src_placements, tsr_dtensor **out);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,7 @@ extern "C" {
 #endif
 
 #define TSR_MAX_MESH_DIMS 8
-#define TSR_MAX_DIM_NAME 32
+#define TSR_MAX_DIM_NAME  32
 
 typedef struct tsr_mesh_t tsr_mesh_t;
 
@@ -73,8 +73,7 @@ tsr_status tsr_mesh_group_ranks(const tsr_mesh_t *m, int rank, uint32_t dim_mask
                                 int *n, int *self);
 /* The communicator group for tsr_mesh_group_ranks(m, tsr_comm_rank(c), dim_mask), labelled with
  * the masked dims' names joined by '+' in mesh order ("dp+tp"). */
-tsr_status tsr_mesh_group(const tsr_mesh_t *m, tsr_comm_t *c, uint32_t dim_mask,
-                          tsr_group_t **out);
+tsr_status tsr_mesh_group(const tsr_mesh_t *m, tsr_comm_t *c, uint32_t dim_mask, tsr_group_t **out);
 
 /* "dp=2 x tp=3 over ranks [0..5]" into buf. Returns buf. */
 const char *tsr_mesh_str(const tsr_mesh_t *m, char *buf, size_t len);

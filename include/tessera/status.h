@@ -18,13 +18,13 @@ extern "C" {
 
 typedef enum tsr_status {
   TSR_OK = 0,
-  TSR_EINVAL = 1,   /* bad argument or bad input (file, shape, placement, key) */
-  TSR_ENOTSUP = 2,  /* valid request that nothing implements (no sharding rule, no backend) */
-  TSR_ENOMEM = 3,   /* an allocation failed */
-  TSR_EIO = 4,      /* a file could not be read or written */
-  TSR_ECOMM = 5,    /* a collective failed: mismatch between ranks, peer failure */
+  TSR_EINVAL = 1,    /* bad argument or bad input (file, shape, placement, key) */
+  TSR_ENOTSUP = 2,   /* valid request that nothing implements (no sharding rule, no backend) */
+  TSR_ENOMEM = 3,    /* an allocation failed */
+  TSR_EIO = 4,       /* a file could not be read or written */
+  TSR_ECOMM = 5,     /* a collective failed: mismatch between ranks, peer failure */
   TSR_ETIMEDOUT = 6, /* a collective or receive waited longer than the job's timeout */
-  TSR_EPLUGIN = 7,  /* a plugin failed to load, validate or initialise */
+  TSR_EPLUGIN = 7,   /* a plugin failed to load, validate or initialise */
   TSR_EINTERNAL = 8, /* a broken invariant reported instead of aborting */
 } tsr_status;
 
@@ -46,7 +46,8 @@ tsr_status tsr_error_at(tsr_status s, const char *file, int line, const char *fm
 
 /* Prepends "prefix: " to this thread's last error (used when a lower layer's message needs the
  * caller's context, e.g. the rank id or the tensor name). Returns `s`. */
-tsr_status tsr_error_prefix(tsr_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+tsr_status tsr_error_prefix(tsr_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Invariant handler: called with the failing expression and location. The default prints to
  * stderr and aborts; a replacement may longjmp or record and return (the macro then returns

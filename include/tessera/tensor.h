@@ -69,11 +69,11 @@ typedef struct tsr_storage tsr_storage;
 
 typedef struct tsr_tensor {
   tsr_dtype dtype;
-  int ndim;                      /* 0 ..= TSR_MAX_DIMS; 0 is a scalar */
-  int64_t shape[TSR_MAX_DIMS];   /* (ndim) */
-  int64_t stride[TSR_MAX_DIMS];  /* (ndim) elements between neighbours along each dim */
-  int64_t offset;                /* elements from the start of the storage */
-  tsr_storage *storage;          /* shared with other views; never NULL */
+  int ndim;                     /* 0 ..= TSR_MAX_DIMS; 0 is a scalar */
+  int64_t shape[TSR_MAX_DIMS];  /* (ndim) */
+  int64_t stride[TSR_MAX_DIMS]; /* (ndim) elements between neighbours along each dim */
+  int64_t offset;               /* elements from the start of the storage */
+  tsr_storage *storage;         /* shared with other views; never NULL */
 } tsr_tensor;
 
 /* A new zero-filled contiguous tensor. `alloc` may be NULL for the process's CPU allocator. */
