@@ -105,11 +105,11 @@ void tsr_kernel_rmsnorm_backward(float *dx /* (N, C) */, float *dw /* (C) or NUL
  * (contiguous or zigzag) rotates by its global positions.
  * ------------------------------------------------------------------------------------------- */
 
-/* Fills the cos/sin tables for L positions. D must be even. Computed in f32 in the order Hugging
- * Face uses (1 / theta^(2i/D), then p · inv_freq, then cos/sin), so tables agree with theirs to
- * the last bit of the platform's cosf/sinf. */
+/* Fills the cos/sin tables for L positions (NULL: 0 .. L-1). D must be even. Computed in f32 in the
+ * order Hugging Face uses (1 / theta^(2i/D), then p · inv_freq, then cos/sin), so tables agree with
+ * theirs to the last bit of the platform's cosf/sinf. */
 tsr_status tsr_kernel_rope_tables(float *cos_t /* (L, D) */, float *sin_t /* (L, D) */,
-                                  const int32_t *pos /* (L) */, int L, int D, float theta);
+                                  const int32_t *pos /* (L) or NULL */, int L, int D, float theta);
 
 /* Rotates x laid out as (B, L, H, D), the layout a projection (B·L, H·D) produces. In-place
  * (out == x) is allowed. */

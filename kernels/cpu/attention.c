@@ -122,7 +122,6 @@ static void forward_units(void *ctx, int64_t begin, int64_t end) {
       forward_row(a, qh + (int64_t)i * a->D, pos_at(a->q_pos, i), kh, vh,
                   a->out + u * qsz + (int64_t)i * a->D, a->lse + u * a->Lq + i);
     }
-    (void)b;
   }
 }
 

@@ -57,7 +57,7 @@ tsr_status tsr_kernel_rope_tables(float *cos_t, float *sin_t, const int32_t *pos
   if (!(theta > 0.0f)) return TSR_ERROR(TSR_EINVAL, "rope: rope_theta %g must be > 0", theta);
   int half = D / 2;
   for (int64_t l = 0; l < L; l++) {
-    float p = (float)pos[l];
+    float p = (float)(pos != NULL ? pos[l] : l);
     for (int i = 0; i < half; i++) {
       float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
       float angle = p * inv_freq;
@@ -143,8 +143,7 @@ void tsr_kernel_bhld_to_blhd(float *out, const float *x, int B, int L, int H, in
 void tsr_kernel_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i];
-    /* g / (1 + e^-g) rather than g · sigmoid(g): the form torch's silu uses, and for very
-     * negative g it gives -0 instead of inf · 0. */
+    /* g / (1 + e^-g), the form torch's silu evaluates, so the two agree bit for bit. */
     out[i] = (g / (1.0f + expf(-g))) * up[i];
   }
 }

@@ -35,8 +35,7 @@ tsr_status tsr_kernel_cross_entropy(float *loss, int *n_valid, float *dlogits, c
   if (n_valid != NULL) *n_valid = count;
 
   double total = 0.0;
-  /* With count == 0 this is NaN, as torch's mean over an empty selection. */
-  double scale = (double)dloss / count;
+  double scale = count > 0 ? (double)dloss / count : 0.0; /* no valid row: nothing to scale */
   for (int64_t i = 0; i < N; i++) {
     int t = targets[i];
     if (t == TSR_IGNORE_INDEX) continue;

@@ -39,6 +39,10 @@ static void test_gemm_transposes(void **state) {
       test_check_close("gemm", c, want, M * N, 1e-5, 1e-6);
     }
   }
+  /* K == 0: an empty sum, so c = beta · c. */
+  memcpy(c, c0, sizeof c);
+  tsr_kernel_gemm(c, a, b, M, N, 0, false, false, 1.0f, 2.0f);
+  for (int i = 0; i < M * N; i++) assert_true(c[i] == 2.0f * c0[i]);
 }
 
 typedef struct linear_ctx {
@@ -199,6 +203,14 @@ static void test_rope(void **state) {
   float *dx = test_alloc(n);
   tsr_kernel_rope_backward(dx, c.wout, c.cos_t, c.sin_t, c.B, c.L, c.H, c.D);
   test_check_grad("rope dx", c.x, n, dx, rope_loss, &c);
+
+  /* NULL positions are 0 .. L-1. */
+  int32_t arange[5] = {0, 1, 2, 3, 4};
+  float ca[5 * 8], sa[5 * 8], cn[5 * 8], sn[5 * 8];
+  assert_int_equal(tsr_kernel_rope_tables(ca, sa, arange, c.L, c.D, 1e4f), TSR_OK);
+  assert_int_equal(tsr_kernel_rope_tables(cn, sn, NULL, c.L, c.D, 1e4f), TSR_OK);
+  assert_memory_equal(ca, cn, sizeof ca);
+  assert_memory_equal(sa, sn, sizeof sa);
 
   assert_int_equal(tsr_kernel_rope_tables(c.cos_t, c.sin_t, pos, c.L, 7, 1e4f), TSR_EINVAL);
   assert_non_null(strstr(tsr_last_error(), "head_dim 7"));
