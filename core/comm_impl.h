@@ -1,0 +1,116 @@
+/* Private: the interface a communicator backend implements, and the handles the front owns.
+ *
+ * Kept out of include/tessera/ on purpose. Every backend (local here, mpi and nccl under
+ * backends/) is built in this tree against this exact header, so the struct layouts below can
+ * change without an ABI promise; plugins and users see only the opaque handles of comm.h. If a
+ * backend ever has to build out of tree, this header moves to include/tessera/backend.h with an
+ * abi version field at the head of tsr_comm_iface.
+ *
+ * Split of work. The front (comm.c) checks arguments, turns a NULL count array into an explicit
+ * one, short-cuts groups of one member, counts bytes and hands the backend a tsr_call that
+ * fully describes the call. The backend matches the call against its peers' (tsr_call_check
+ * below does the comparison and writes the message every backend should report), moves the
+ * data, and enforces the timeout.
+ */
+#ifndef TESSERA_COMM_IMPL_H
+#define TESSERA_COMM_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera/comm.h"
+
+typedef enum tsr_coll {
+  TSR_COLL_ALL_REDUCE = 0,
+  TSR_COLL_ALL_GATHER,
+  TSR_COLL_REDUCE_SCATTER,
+  TSR_COLL_ALL_TO_ALL,
+  TSR_COLL_BROADCAST,
+  TSR_COLL_BARRIER,
+  TSR_COLL_COUNT
+} tsr_coll;
+
+/* One member's view of one collective call: what peers compare, and where the data is. Count
+ * arrays have one entry per member and stay valid for the duration of the call. */
+typedef struct tsr_call {
+  tsr_coll kind;
+  tsr_dtype dt;
+  tsr_reduce_op op;          /* all_reduce, reduce_scatter */
+  int root;                  /* broadcast: member index of the root */
+  size_t count;              /* all_reduce, broadcast: elements */
+  const size_t *counts;      /* all_gather, reduce_scatter: per member; all_to_all: send */
+  const size_t *recv_counts; /* all_to_all */
+  const void *send;
+  void *recv; /* broadcast: the buffer */
+} tsr_call;
+
+/* Backend entry points. Called only for groups of two or more members with arguments already
+ * checked. On failure the backend leaves the message in this thread's last error. */
+typedef struct tsr_comm_iface {
+  const char *name; /* "local", "mpi", ... */
+  /* Attaches the backend's state for the group to g->context. Not collective. */
+  tsr_status (*group_init)(tsr_comm_t *c, tsr_group_t *g);
+  /* Releases what group_init attached to this handle (may be NULL). */
+  void (*group_free)(tsr_group_t *g);
+  tsr_status (*all_reduce)(tsr_group_t *g, const tsr_call *call);
+  tsr_status (*all_gather)(tsr_group_t *g, const tsr_call *call);
+  tsr_status (*reduce_scatter)(tsr_group_t *g, const tsr_call *call);
+  tsr_status (*all_to_all)(tsr_group_t *g, const tsr_call *call);
+  tsr_status (*broadcast)(tsr_group_t *g, const tsr_call *call);
+  tsr_status (*barrier)(tsr_group_t *g, const tsr_call *call);
+  /* Point to point; peers are member indices, never this member. */
+  tsr_status (*send)(tsr_group_t *g, int peer, const void *buf, size_t count, tsr_dtype dt);
+  tsr_status (*recv)(tsr_group_t *g, int peer, void *buf, size_t count, tsr_dtype dt);
+  tsr_status (*sendrecv)(tsr_group_t *g, int send_peer, const void *send, size_t send_count,
+                         int recv_peer, void *recv, size_t recv_count, tsr_dtype dt);
+} tsr_comm_iface;
+
+typedef struct tsr_comm_counter {
+  char *label;
+  uint64_t bytes;
+} tsr_comm_counter;
+
+struct tsr_comm_t {
+  const tsr_comm_iface *iface;
+  void *context; /* backend's per-rank state */
+  int rank;
+  int world;
+  double timeout_s;
+  tsr_group_t **groups; /* handles made by tsr_comm_group, freed with the comm */
+  int n_groups, cap_groups;
+  tsr_comm_counter *counters;
+  int n_counters, cap_counters;
+};
+
+struct tsr_group_t {
+  tsr_comm_t *comm;
+  int n;
+  int index; /* this rank's position */
+  int *ranks;
+  char *label;
+  int counter;   /* index into comm->counters */
+  void *context; /* backend's state for the group */
+};
+
+/* A communicator for `rank` of `world` over `iface`. `context` stays owned by the backend. */
+tsr_status tsr_comm_create(const tsr_comm_iface *iface, void *context, int rank, int world,
+                           double timeout_s, tsr_comm_t **out);
+/* Frees the comm, its group handles (through iface->group_free) and its counters. */
+void tsr_comm_destroy(tsr_comm_t *c);
+
+const char *tsr_coll_name(tsr_coll kind);
+
+/* "all_reduce(f32, 1024, sum)" into buf for a group of n members. Returns buf. */
+const char *tsr_call_format(const tsr_call *call, int n, char *buf, size_t len);
+
+/* "[0,1,2,3]" into buf, elided in the middle for long lists. Returns buf. */
+const char *tsr_ranks_format(int n, const int *ranks, char *buf, size_t len);
+
+/* Compares every member's call (calls[i], seqs[i]: member i's call and sequence number) and
+ * returns TSR_OK, or TSR_ECOMM with the message that every member must report written to msg:
+ * the group, the sequence number and the first disagreeing pair of calls. */
+tsr_status tsr_call_check(const tsr_group_t *g, const tsr_call *const *calls, const uint64_t *seqs,
+                          char *msg, size_t len);
+
+#endif

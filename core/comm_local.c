@@ -1,0 +1,546 @@
+/* The `local` backend: ranks are threads of this process, collectives read each other's buffers.
+ *
+ * Synchronisation is one mutex and one condition variable per group. Every wait is a
+ * pthread_cond_timedwait on CLOCK_MONOTONIC so that a missing peer turns into TSR_ETIMEDOUT
+ * instead of a hang, and a rank whose function returns wakes every group it belongs to so that
+ * peers waiting for it fail at once instead of at the timeout. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "comm_local.h"
+
+/* ---- Time ---- */
+
+static struct timespec deadline_after(double seconds) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  double whole = (double)(time_t)seconds;
+  t.tv_sec += (time_t)seconds;
+  t.tv_nsec += (long)((seconds - whole) * 1e9);
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec += 1;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
+/* The data phases never time out, but still wake now and then so that no wait is unbounded in
+ * form. */
+#define TSR_LOCAL_POLL_S 1.0
+
+/* ---- Groups ---- */
+
+static void group_destroy(local_group *lg) {
+  if (!lg) return;
+  for (int i = 0; lg->m && i < lg->n; i++) {
+    free(lg->m[i].scratch);
+    free(lg->m[i].srcs);
+    free(lg->m[i].displs);
+  }
+  free(lg->m);
+  free(lg->calls);
+  free(lg->seqs);
+  free(lg->ranks);
+  pthread_cond_destroy(&lg->cv);
+  pthread_mutex_destroy(&lg->mu);
+  free(lg);
+}
+
+static tsr_status group_create(local_world *w, int n, const int *ranks, local_group **out) {
+  local_group *lg = calloc(1, sizeof *lg);
+  if (!lg) return TSR_ERROR(TSR_ENOMEM, "local backend: out of memory for a group of %d", n);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int rc = pthread_cond_init(&lg->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (rc != 0) {
+    free(lg);
+    return TSR_ERROR(TSR_ENOMEM, "local backend: pthread_cond_init failed (%s)", strerror(rc));
+  }
+  pthread_mutex_init(&lg->mu, NULL);
+  lg->n = n;
+  lg->ranks = malloc((size_t)n * sizeof *lg->ranks);
+  lg->m = calloc((size_t)n, sizeof *lg->m);
+  lg->calls = calloc((size_t)n, sizeof *lg->calls);
+  lg->seqs = calloc((size_t)n, sizeof *lg->seqs);
+  if (!lg->ranks || !lg->m || !lg->calls || !lg->seqs) {
+    group_destroy(lg);
+    return TSR_ERROR(TSR_ENOMEM, "local backend: out of memory for a group of %d", n);
+  }
+  memcpy(lg->ranks, ranks, (size_t)n * sizeof *ranks);
+  for (int i = 0; i < n; i++) lg->m[i].exited = w->exited[ranks[i]];
+  *out = lg;
+  return TSR_OK;
+}
+
+/* Finds or creates the shared state for g's rank list. Groups are few and made once, so a linear
+ * scan of the world's table is enough. */
+static tsr_status local_group_init(tsr_comm_t *c, tsr_group_t *g) {
+  local_world *w = ((local_rank *)c->context)->w;
+  tsr_status st = TSR_OK;
+  pthread_mutex_lock(&w->mu);
+  for (int i = 0; i < w->n_groups; i++) {
+    local_group *lg = w->groups[i];
+    if (lg->n == g->n && memcmp(lg->ranks, g->ranks, (size_t)g->n * sizeof *g->ranks) == 0) {
+      g->context = lg;
+      goto cleanup;
+    }
+  }
+  if (w->n_groups == w->cap_groups) {
+    int cap = w->cap_groups ? 2 * w->cap_groups : 16;
+    local_group **p = realloc(w->groups, (size_t)cap * sizeof *p);
+    if (!p) {
+      st = TSR_ERROR(TSR_ENOMEM, "group '%s': out of memory for the group table", g->label);
+      goto cleanup;
+    }
+    w->groups = p;
+    w->cap_groups = cap;
+  }
+  local_group *lg = NULL;
+  TSR_CHECK_GOTO(group_create(w, g->n, g->ranks, &lg), st);
+  w->groups[w->n_groups++] = lg;
+  g->context = lg;
+cleanup:
+  pthread_mutex_unlock(&w->mu);
+  return st;
+}
+
+/* ---- Failure ---- */
+
+/* Marks the group broken. Called with lg->mu held. */
+static void group_break(local_group *lg, tsr_status st, const char *why) {
+  if (lg->broken) return;
+  lg->broken = true;
+  lg->broken_status = st;
+  snprintf(lg->why, sizeof lg->why, "%s", why);
+  pthread_cond_broadcast(&lg->cv);
+}
+
+/* The error of a call that finds the group already broken. */
+static tsr_status broken_error(const tsr_group_t *g, const char *what) {
+  local_group *lg = tsr_local_group(g);
+  char rs[128];
+  return tsr_error(TSR_ECOMM, "%s on group '%s' %s: the group is broken by an earlier failure: %s",
+                   what, g->label, tsr_ranks_format(g->n, g->ranks, rs, sizeof rs), lg->why);
+}
+
+/* "rank 2" or "ranks 2, 5" for the members in `missing` (n flags). */
+static void format_missing(const tsr_group_t *g, const bool *missing, char *buf, size_t len) {
+  size_t pos = 0;
+  int count = 0, shown = 0;
+  for (int i = 0; i < g->n; i++) count += missing[i];
+  int w = snprintf(buf, len, "%s", count == 1 ? "rank" : "ranks");
+  pos = w > 0 ? (size_t)w : 0;
+  for (int i = 0; i < g->n && pos < len; i++) {
+    if (!missing[i]) continue;
+    if (shown == 16) {
+      snprintf(buf + pos, len - pos, " and %d more", count - shown);
+      return;
+    }
+    w = snprintf(buf + pos, len - pos, "%s %d", shown ? "," : "", g->ranks[i]);
+    pos += w > 0 ? (size_t)w : 0;
+    shown++;
+  }
+}
+
+/* Members that have not arrived at the rendezvous of generation `gen`. Called with lg->mu held;
+ * uses the member's scratch flags in `missing` (n entries). Returns whether one of them exited. */
+static bool find_missing(local_group *lg, uint64_t gen, bool *missing) {
+  bool exited = false;
+  for (int i = 0; i < lg->n; i++) {
+    missing[i] = lg->m[i].stamp != gen + 1;
+    exited = exited || (missing[i] && lg->m[i].exited);
+  }
+  return exited;
+}
+
+/* ---- Rendezvous ---- */
+
+tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
+  local_group *lg = tsr_local_group(g);
+  int me = g->index;
+  char what[256], rs[128];
+  tsr_call_format(call, g->n, what, sizeof what);
+  bool *missing = malloc((size_t)g->n * sizeof *missing);
+  if (!missing) return TSR_ERROR(TSR_ENOMEM, "%s on group '%s': out of memory", what, g->label);
+  struct timespec deadline = deadline_after(g->comm->timeout_s);
+  tsr_status st = TSR_OK;
+  pthread_mutex_lock(&lg->mu);
+  if (lg->broken) {
+    st = broken_error(g, what);
+    goto cleanup;
+  }
+  uint64_t gen = lg->gen, seq = lg->m[me].seq++;
+  lg->m[me].call = *call;
+  lg->m[me].stamp = gen + 1;
+  if (++lg->arrived == g->n) {
+    for (int i = 0; i < g->n; i++) {
+      lg->calls[i] = &lg->m[i].call;
+      /* The counter was bumped on arrival; compare the value each member had on entry. */
+      lg->seqs[i] = lg->m[i].seq - 1;
+    }
+    lg->verdict = tsr_call_check(g, lg->calls, lg->seqs, lg->verdict_msg, sizeof lg->verdict_msg);
+    lg->arrived = 0;
+    lg->gen++;
+    pthread_cond_broadcast(&lg->cv);
+  }
+  while (lg->gen == gen) {
+    if (lg->broken) {
+      st = tsr_error(lg->broken_status, "%s", lg->why);
+      goto cleanup;
+    }
+    char who[256], msg[TSR_LOCAL_MSG_LEN];
+    if (find_missing(lg, gen, missing)) {
+      for (int i = 0; i < g->n; i++) missing[i] = missing[i] && lg->m[i].exited;
+      format_missing(g, missing, who, sizeof who);
+      snprintf(msg, sizeof msg,
+               "%s on group '%s' %s (seq %llu) cannot complete: %s returned from its rank "
+               "function without making this call",
+               what, g->label, tsr_ranks_format(g->n, g->ranks, rs, sizeof rs),
+               (unsigned long long)seq, who);
+      group_break(lg, TSR_ECOMM, msg);
+      continue;
+    }
+    int rc = pthread_cond_timedwait(&lg->cv, &lg->mu, &deadline);
+    if (rc == ETIMEDOUT && lg->gen == gen && !lg->broken) {
+      find_missing(lg, gen, missing);
+      format_missing(g, missing, who, sizeof who);
+      snprintf(msg, sizeof msg,
+               "%s on group '%s' %s (seq %llu) timed out after %g s: %s never arrived; the group "
+               "is unusable from now on",
+               what, g->label, tsr_ranks_format(g->n, g->ranks, rs, sizeof rs),
+               (unsigned long long)seq, g->comm->timeout_s, who);
+      group_break(lg, TSR_ETIMEDOUT, msg);
+    }
+  }
+  if (lg->verdict != TSR_OK) st = tsr_error(lg->verdict, "%s", lg->verdict_msg);
+cleanup:
+  pthread_mutex_unlock(&lg->mu);
+  free(missing);
+  return st;
+}
+
+void tsr_local_sync(tsr_group_t *g) {
+  local_group *lg = tsr_local_group(g);
+  pthread_mutex_lock(&lg->mu);
+  uint64_t gen = lg->gen;
+  if (++lg->arrived == g->n) {
+    lg->arrived = 0;
+    lg->gen++;
+    pthread_cond_broadcast(&lg->cv);
+  }
+  while (lg->gen == gen) {
+    struct timespec t = deadline_after(TSR_LOCAL_POLL_S);
+    pthread_cond_timedwait(&lg->cv, &lg->mu, &t);
+  }
+  pthread_mutex_unlock(&lg->mu);
+}
+
+tsr_status tsr_local_scratch(tsr_group_t *g, size_t bytes, void **out) {
+  local_member *m = &tsr_local_group(g)->m[g->index];
+  if (m->scratch_len < bytes) {
+    void *p = realloc(m->scratch, bytes);
+    if (!p)
+      return TSR_ERROR(TSR_ENOMEM, "group '%s': out of memory for %zu bytes of scratch", g->label,
+                       bytes);
+    m->scratch = p;
+    m->scratch_len = bytes;
+  }
+  *out = m->scratch;
+  return TSR_OK;
+}
+
+/* ---- Point to point ---- */
+
+/* Adds `msg` to `to`'s inbox. Called with lg->mu held. */
+static void msg_post(local_group *lg, int to, local_msg *msg) {
+  local_member *m = &lg->m[to];
+  msg->next = NULL;
+  if (m->inbox_tail)
+    m->inbox_tail->next = msg;
+  else
+    m->inbox_head = msg;
+  m->inbox_tail = msg;
+  pthread_cond_broadcast(&lg->cv);
+}
+
+/* Removes `msg` from `to`'s inbox if it is there. Called with lg->mu held. */
+static void msg_unlink(local_group *lg, int to, local_msg *msg) {
+  local_member *m = &lg->m[to];
+  local_msg *prev = NULL;
+  for (local_msg *p = m->inbox_head; p; prev = p, p = p->next) {
+    if (p != msg) continue;
+    if (prev)
+      prev->next = p->next;
+    else
+      m->inbox_head = p->next;
+    if (m->inbox_tail == p) m->inbox_tail = prev;
+    return;
+  }
+}
+
+/* Waits until the receiver has finished with `msg`. Called with lg->mu held. */
+static tsr_status msg_wait(tsr_group_t *g, int peer, local_msg *msg,
+                           const struct timespec *deadline) {
+  local_group *lg = tsr_local_group(g);
+  char rs[128], why[TSR_LOCAL_MSG_LEN];
+  tsr_ranks_format(g->n, g->ranks, rs, sizeof rs);
+  while (msg->state != LOCAL_MSG_DONE) {
+    /* Once the receiver has claimed the message it is copying: wait it out. */
+    if (msg->state == LOCAL_MSG_POSTED) {
+      if (lg->broken) {
+        msg_unlink(lg, peer, msg);
+        return tsr_error(lg->broken_status, "%s", lg->why);
+      }
+      if (lg->m[peer].exited) {
+        msg_unlink(lg, peer, msg);
+        snprintf(why, sizeof why,
+                 "send of %zu %s from rank %d to rank %d on group '%s' %s cannot complete: rank %d "
+                 "returned from its rank function without receiving it",
+                 msg->count, tsr_dtype_name(msg->dt), g->ranks[g->index], g->ranks[peer], g->label,
+                 rs, g->ranks[peer]);
+        group_break(lg, TSR_ECOMM, why);
+        return tsr_error(TSR_ECOMM, "%s", why);
+      }
+    }
+    int rc = pthread_cond_timedwait(&lg->cv, &lg->mu, deadline);
+    if (rc == ETIMEDOUT && msg->state == LOCAL_MSG_POSTED) {
+      msg_unlink(lg, peer, msg);
+      snprintf(why, sizeof why,
+               "send of %zu %s from rank %d to rank %d on group '%s' %s timed out after %g s: "
+               "rank %d never posted the matching recv; the group is unusable from now on",
+               msg->count, tsr_dtype_name(msg->dt), g->ranks[g->index], g->ranks[peer], g->label,
+               rs, g->comm->timeout_s, g->ranks[peer]);
+      group_break(lg, TSR_ETIMEDOUT, why);
+      return tsr_error(TSR_ETIMEDOUT, "%s", why);
+    }
+  }
+  if (msg->status != TSR_OK) return tsr_error(msg->status, "%s", msg->err);
+  return TSR_OK;
+}
+
+/* Receives the oldest message from `peer` into buf. Called with lg->mu held; drops it while
+ * copying. */
+static tsr_status msg_take(tsr_group_t *g, int peer, void *buf, size_t count, tsr_dtype dt,
+                           const struct timespec *deadline) {
+  local_group *lg = tsr_local_group(g);
+  local_member *me = &lg->m[g->index];
+  char rs[128], why[TSR_LOCAL_MSG_LEN];
+  tsr_ranks_format(g->n, g->ranks, rs, sizeof rs);
+  for (;;) {
+    local_msg *msg = me->inbox_head;
+    while (msg && msg->from != peer) msg = msg->next;
+    if (msg) {
+      msg_unlink(lg, g->index, msg);
+      if (msg->count != count || msg->dt != dt) {
+        snprintf(msg->err, sizeof msg->err,
+                 "point-to-point mismatch on group '%s' %s: rank %d sends %zu %s to rank %d, "
+                 "which receives %zu %s",
+                 g->label, rs, g->ranks[peer], msg->count, tsr_dtype_name(msg->dt),
+                 g->ranks[g->index], count, tsr_dtype_name(dt));
+        msg->status = TSR_ECOMM;
+        msg->state = LOCAL_MSG_DONE;
+        pthread_cond_broadcast(&lg->cv);
+        return tsr_error(TSR_ECOMM, "%s", msg->err);
+      }
+      msg->state = LOCAL_MSG_CLAIMED;
+      pthread_mutex_unlock(&lg->mu);
+      if (count) memcpy(buf, msg->buf, count * tsr_dtype_size(dt));
+      pthread_mutex_lock(&lg->mu);
+      msg->status = TSR_OK;
+      msg->state = LOCAL_MSG_DONE;
+      pthread_cond_broadcast(&lg->cv);
+      return TSR_OK;
+    }
+    if (lg->broken) return tsr_error(lg->broken_status, "%s", lg->why);
+    if (lg->m[peer].exited) {
+      snprintf(why, sizeof why,
+               "recv of %zu %s by rank %d from rank %d on group '%s' %s cannot complete: rank %d "
+               "returned from its rank function without sending it",
+               count, tsr_dtype_name(dt), g->ranks[g->index], g->ranks[peer], g->label, rs,
+               g->ranks[peer]);
+      group_break(lg, TSR_ECOMM, why);
+      return tsr_error(TSR_ECOMM, "%s", why);
+    }
+    int rc = pthread_cond_timedwait(&lg->cv, &lg->mu, deadline);
+    if (rc == ETIMEDOUT && !lg->broken) {
+      msg = me->inbox_head;
+      while (msg && msg->from != peer) msg = msg->next;
+      if (msg) continue;
+      snprintf(why, sizeof why,
+               "recv of %zu %s by rank %d from rank %d on group '%s' %s timed out after %g s: "
+               "rank %d never sent; the group is unusable from now on",
+               count, tsr_dtype_name(dt), g->ranks[g->index], g->ranks[peer], g->label, rs,
+               g->comm->timeout_s, g->ranks[peer]);
+      group_break(lg, TSR_ETIMEDOUT, why);
+      return tsr_error(TSR_ETIMEDOUT, "%s", why);
+    }
+  }
+}
+
+static tsr_status local_send(tsr_group_t *g, int peer, const void *buf, size_t count,
+                             tsr_dtype dt) {
+  local_group *lg = tsr_local_group(g);
+  local_msg msg = {.from = g->index, .buf = buf, .count = count, .dt = dt};
+  struct timespec deadline = deadline_after(g->comm->timeout_s);
+  tsr_status st;
+  pthread_mutex_lock(&lg->mu);
+  if (lg->broken) {
+    st = broken_error(g, "send");
+  } else {
+    msg_post(lg, peer, &msg);
+    st = msg_wait(g, peer, &msg, &deadline);
+  }
+  pthread_mutex_unlock(&lg->mu);
+  return st;
+}
+
+static tsr_status local_recv(tsr_group_t *g, int peer, void *buf, size_t count, tsr_dtype dt) {
+  local_group *lg = tsr_local_group(g);
+  struct timespec deadline = deadline_after(g->comm->timeout_s);
+  tsr_status st;
+  pthread_mutex_lock(&lg->mu);
+  st = lg->broken ? broken_error(g, "recv") : msg_take(g, peer, buf, count, dt, &deadline);
+  pthread_mutex_unlock(&lg->mu);
+  return st;
+}
+
+/* Posts the send before receiving so that a ring of sendrecvs cannot deadlock. */
+static tsr_status local_sendrecv(tsr_group_t *g, int send_peer, const void *send, size_t send_count,
+                                 int recv_peer, void *recv, size_t recv_count, tsr_dtype dt) {
+  local_group *lg = tsr_local_group(g);
+  local_msg msg = {.from = g->index, .buf = send, .count = send_count, .dt = dt};
+  struct timespec deadline = deadline_after(g->comm->timeout_s);
+  tsr_status st;
+  pthread_mutex_lock(&lg->mu);
+  if (lg->broken) {
+    st = broken_error(g, "sendrecv");
+    goto cleanup;
+  }
+  msg_post(lg, send_peer, &msg);
+  st = msg_take(g, recv_peer, recv, recv_count, dt, &deadline);
+  /* The posted send lives on this stack: wait for it even when the receive failed. */
+  tsr_status sst = msg_wait(g, send_peer, &msg, &deadline);
+  if (st == TSR_OK) st = sst;
+cleanup:
+  pthread_mutex_unlock(&lg->mu);
+  return st;
+}
+
+/* ---- Launch ---- */
+
+static const tsr_comm_iface local_iface = {
+    .name = "local",
+    .group_init = local_group_init,
+    .group_free = NULL,
+    .all_reduce = tsr_local_all_reduce,
+    .all_gather = tsr_local_all_gather,
+    .reduce_scatter = tsr_local_reduce_scatter,
+    .all_to_all = tsr_local_all_to_all,
+    .broadcast = tsr_local_broadcast,
+    .barrier = tsr_local_barrier,
+    .send = local_send,
+    .recv = local_recv,
+    .sendrecv = local_sendrecv,
+};
+
+/* Records that `rank` will make no more calls and wakes every group waiting on it. */
+static void mark_exited(local_world *w, int rank) {
+  pthread_mutex_lock(&w->mu);
+  w->exited[rank] = true;
+  for (int i = 0; i < w->n_groups; i++) {
+    local_group *lg = w->groups[i];
+    for (int j = 0; j < lg->n; j++) {
+      if (lg->ranks[j] != rank) continue;
+      pthread_mutex_lock(&lg->mu);
+      lg->m[j].exited = true;
+      pthread_cond_broadcast(&lg->cv);
+      pthread_mutex_unlock(&lg->mu);
+      break;
+    }
+  }
+  pthread_mutex_unlock(&w->mu);
+}
+
+static void *rank_main(void *p) {
+  local_rank *r = p;
+  tsr_clear_error();
+  r->status = r->fn(r->comm, r->arg);
+  if (r->status != TSR_OK) snprintf(r->msg, sizeof r->msg, "%s", tsr_last_error());
+  mark_exited(r->w, r->rank);
+  return NULL;
+}
+
+static void world_destroy(local_world *w) {
+  if (!w) return;
+  for (int i = 0; w->ranks && i < w->world; i++) tsr_comm_destroy(w->ranks[i].comm);
+  for (int i = 0; i < w->n_groups; i++) group_destroy(w->groups[i]);
+  pthread_mutex_destroy(&w->mu);
+  free(w->groups);
+  free(w->exited);
+  free(w->ranks);
+  free(w);
+}
+
+static size_t small_bytes_from_env(void) {
+  const char *s = getenv("TESSERA_LOCAL_SMALL_BYTES");
+  if (!s || !*s) return TSR_LOCAL_SMALL_BYTES_DEFAULT;
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  return end && *end == '\0' ? (size_t)v : TSR_LOCAL_SMALL_BYTES_DEFAULT;
+}
+
+tsr_status tsr_local_launch(int world, double timeout_s, tsr_rank_fn fn, void *arg) {
+  if (world < 1 || world > 1024)
+    return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: world size %d is outside 1 ..= 1024", world);
+  if (!(timeout_s > 0) || timeout_s > 1e6)
+    return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: timeout %g s must be in (0, 1e6]", timeout_s);
+  if (!fn) return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: rank function is NULL");
+  tsr_status st = TSR_OK;
+  local_world *w = calloc(1, sizeof *w);
+  if (!w) return TSR_ERROR(TSR_ENOMEM, "tsr_local_launch: out of memory");
+  pthread_mutex_init(&w->mu, NULL);
+  w->world = world;
+  w->timeout_s = timeout_s;
+  w->small_bytes = small_bytes_from_env();
+  w->exited = calloc((size_t)world, sizeof *w->exited);
+  w->ranks = calloc((size_t)world, sizeof *w->ranks);
+  if (!w->exited || !w->ranks) {
+    st = TSR_ERROR(TSR_ENOMEM, "tsr_local_launch: out of memory for %d ranks", world);
+    goto cleanup;
+  }
+  for (int r = 0; r < world; r++) {
+    local_rank *lr = &w->ranks[r];
+    lr->w = w;
+    lr->rank = r;
+    lr->fn = fn;
+    lr->arg = arg;
+    TSR_CHECK_GOTO(tsr_comm_create(&local_iface, lr, r, world, timeout_s, &lr->comm), st);
+  }
+  for (int r = 0; r < world; r++) {
+    int rc = pthread_create(&w->ranks[r].thread, NULL, rank_main, &w->ranks[r]);
+    if (rc != 0) {
+      /* The ranks already running must not wait for the ones that never will. */
+      for (int q = r; q < world; q++) mark_exited(w, q);
+      st = TSR_ERROR(TSR_ENOMEM, "tsr_local_launch: cannot start the thread of rank %d of %d (%s)",
+                     r, world, strerror(rc));
+      break;
+    }
+    w->ranks[r].started = true;
+  }
+  for (int r = 0; r < world; r++)
+    if (w->ranks[r].started) pthread_join(w->ranks[r].thread, NULL);
+  if (st != TSR_OK) goto cleanup;
+  for (int r = 0; r < world; r++) {
+    if (w->ranks[r].status == TSR_OK) continue;
+    st = tsr_error(w->ranks[r].status, "rank %d: %s", r, w->ranks[r].msg);
+    break;
+  }
+cleanup:
+  world_destroy(w);
+  return st;
+}
