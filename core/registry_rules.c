@@ -136,12 +136,12 @@ tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_s
                      style && style->style ? style->style : "(none)",
                      style && style->mesh_dim ? style->mesh_dim : "(none)");
   if (style->nparams < 0 || style->nparams > TSR_MAX_STYLE_PARAMS)
-    return TSR_ERROR(TSR_EINVAL, "module style %s on %s: %d parameters; at most %d",
-                     style->style, style->mesh_dim, style->nparams, TSR_MAX_STYLE_PARAMS);
+    return TSR_ERROR(TSR_EINVAL, "module style %s on %s: %d parameters; at most %d", style->style,
+                     style->mesh_dim, style->nparams, TSR_MAX_STYLE_PARAMS);
   for (int i = 0; i < style->nparams; i++)
     if (!style->params[i].name)
-      return TSR_ERROR(TSR_EINVAL, "module style %s on %s: parameter %d has no name",
-                       style->style, style->mesh_dim, i);
+      return TSR_ERROR(TSR_EINVAL, "module style %s on %s: parameter %d has no name", style->style,
+                       style->mesh_dim, i);
   const tsr_module_style *old = tsr_registry_find_module_style(reg, style->style, style->mesh_dim);
   if (old)
     return TSR_ERROR(TSR_EINVAL,
@@ -154,8 +154,8 @@ tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_s
   return tsr_vec_push(&t->styles, style, sizeof *style);
 }
 
-const tsr_module_style *tsr_registry_find_module_style(const tsr_registry_t *reg,
-                                                       const char *style, const char *mesh_dim) {
+const tsr_module_style *tsr_registry_find_module_style(const tsr_registry_t *reg, const char *style,
+                                                       const char *mesh_dim) {
   const tsr_vec *v = vec_of(reg, offsetof(rule_tables, styles));
   if (!v || !style || !mesh_dim) return NULL;
   for (int i = 0; i < v->count; i++) {
@@ -187,8 +187,8 @@ tsr_status tsr_registry_add_schedule(tsr_registry_t *reg, const tsr_schedule *sc
                      sched && sched->name ? sched->name : "(unnamed)");
   const tsr_schedule *old = tsr_registry_find_schedule(reg, sched->name);
   if (old)
-    return TSR_ERROR(TSR_EINVAL, "schedule '%s' is registered by %s and again by %s",
-                     sched->name, old->owner ? old->owner : "(unknown)",
+    return TSR_ERROR(TSR_EINVAL, "schedule '%s' is registered by %s and again by %s", sched->name,
+                     old->owner ? old->owner : "(unknown)",
                      sched->owner ? sched->owner : "(unknown)");
   rule_tables *t;
   TSR_CHECK(tables_of(reg, &t));

@@ -1,0 +1,40 @@
+/* Shared by the `tessera` subcommands. */
+#ifndef TESSERA_APP_H
+#define TESSERA_APP_H
+
+#include "tessera/config.h"
+#include "tessera/plugin.h"
+#include "tessera/registry.h"
+
+/* Exit codes, as documented in --help and docs/cli.md. */
+#define TSR_EXIT_OK        0
+#define TSR_EXIT_RUNTIME   1
+#define TSR_EXIT_BAD_INPUT 2
+
+/* The exit code for a failed status: bad input (the job file, the command line, a plugin that
+ * does not load or rejects the job) is 2, everything else 1. */
+int tsr_app_exit_code(tsr_status s);
+
+/* A job read, checked and with its plugins loaded: what plan and run both start from. */
+typedef struct tsr_app_job {
+  tsr_config *cfg;
+  tsr_registry_t *reg;
+  tsr_plugin_set_t *plugins;
+  tsr_mesh_t *mesh;
+} tsr_app_job;
+
+/* Loads everything; on failure prints the error to stderr and frees what was made. */
+tsr_status tsr_app_job_open(const char *path, tsr_app_job *job);
+void tsr_app_job_close(tsr_app_job *job);
+/* Prints the mesh (rank -> coordinates), dim owners, plugins and registry contents. */
+void tsr_app_print_plan(const tsr_app_job *job, FILE *f);
+
+int tsr_cmd_plugins(int argc, char **argv);
+int tsr_cmd_plan(int argc, char **argv);
+int tsr_cmd_run(int argc, char **argv);
+int tsr_cmd_ini_reference(int argc, char **argv);
+
+/* True when argv holds -h or --help. */
+bool tsr_app_wants_help(int argc, char **argv);
+
+#endif

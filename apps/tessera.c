@@ -1,0 +1,73 @@
+/* `tessera`: entry point and subcommand dispatch. */
+#include <stdio.h>
+#include <string.h>
+
+#include "app.h"
+#include "tessera/tessera.h"
+
+static const char usage[] =
+    "usage: tessera <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  plugins [--path DIRS] [FILE.so ...]  list the plugins on the search path, or check files\n"
+    "  plan JOB.ini                         validate a job; print its mesh and dim owners\n"
+    "  run JOB.ini                          validate a job and run it on its backend\n"
+    "  ini-reference                        print the job-file reference (docs/ini-reference.md)\n"
+    "  help                                 this text\n"
+    "\n"
+    "`tessera <command> --help` describes each command.\n"
+    "\n"
+    "plugin search order: TESSERA_PLUGIN_PATH (absolute directories, ':'-separated), the job's\n"
+    "[plugins] path, the install's lib/tessera, the build tree; never the current directory.\n"
+    "\n"
+    "exit codes:\n"
+    "  0  success\n"
+    "  1  runtime failure (a rank failed, a backend or device this build lacks, out of memory)\n"
+    "  2  bad input (command line, job file, or a plugin that does not load or rejects the job)\n";
+
+int tsr_app_exit_code(tsr_status s) {
+  switch (s) {
+    case TSR_OK:
+      return TSR_EXIT_OK;
+    case TSR_EINVAL:
+    case TSR_EIO:
+    case TSR_EPLUGIN:
+      return TSR_EXIT_BAD_INPUT;
+    default:
+      return TSR_EXIT_RUNTIME;
+  }
+}
+
+bool tsr_app_wants_help(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return true;
+  return false;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fputs(usage, stderr);
+    return TSR_EXIT_BAD_INPUT;
+  }
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "help") || !strcmp(cmd, "-h") || !strcmp(cmd, "--help")) {
+    fputs(usage, stdout);
+    return TSR_EXIT_OK;
+  }
+  if (!strcmp(cmd, "--version")) {
+    printf("tessera %d.%d.%d (plugin ABI %d.%d)\n", TSR_VERSION_MAJOR, TSR_VERSION_MINOR,
+           TSR_VERSION_PATCH, TSR_ABI_MAJOR, TSR_ABI_MINOR);
+    return TSR_EXIT_OK;
+  }
+  if (!strcmp(cmd, "plugins")) return tsr_cmd_plugins(argc - 1, argv + 1);
+  if (!strcmp(cmd, "plan")) return tsr_cmd_plan(argc - 1, argv + 1);
+  if (!strcmp(cmd, "run")) return tsr_cmd_run(argc - 1, argv + 1);
+  if (!strcmp(cmd, "ini-reference")) return tsr_cmd_ini_reference(argc - 1, argv + 1);
+  static const char *const cmds[] = {"plugins", "plan", "run", "ini-reference", "help"};
+  const char *hint = tsr_closest_name(cmd, cmds, 5);
+  if (hint)
+    fprintf(stderr, "tessera: unknown command '%s'; did you mean '%s'?\n", cmd, hint);
+  else
+    fprintf(stderr, "tessera: unknown command '%s'; see tessera --help\n", cmd);
+  return TSR_EXIT_BAD_INPUT;
+}
