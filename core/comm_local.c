@@ -163,15 +163,17 @@ static bool find_missing(local_group *lg, uint64_t gen, bool *missing) {
 tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
   local_group *lg = tsr_local_group(g);
   int me = g->index;
-  char what[256], rs[128];
-  tsr_call_format(call, g->n, what, sizeof what);
+  /* Formatted only for messages: this is the hot path of every small collective. */
+  char what[256] = "", rs[128];
   bool *missing = malloc((size_t)g->n * sizeof *missing);
-  if (!missing) return TSR_ERROR(TSR_ENOMEM, "%s on group '%s': out of memory", what, g->label);
+  if (!missing)
+    return TSR_ERROR(TSR_ENOMEM, "%s on group '%s': out of memory", tsr_coll_name(call->kind),
+                     g->label);
   struct timespec deadline = deadline_after(g->comm->timeout_s);
   tsr_status st = TSR_OK;
   pthread_mutex_lock(&lg->mu);
   if (lg->broken) {
-    st = broken_error(g, what);
+    st = broken_error(g, tsr_call_format(call, g->n, what, sizeof what));
     goto cleanup;
   }
   uint64_t gen = lg->gen, seq = lg->m[me].seq++;
@@ -195,6 +197,7 @@ tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
     }
     char who[256], msg[TSR_LOCAL_MSG_LEN];
     if (find_missing(lg, gen, missing)) {
+      tsr_call_format(call, g->n, what, sizeof what);
       for (int i = 0; i < g->n; i++) missing[i] = missing[i] && lg->m[i].exited;
       format_missing(g, missing, who, sizeof who);
       snprintf(msg, sizeof msg,
@@ -208,6 +211,7 @@ tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
     int rc = pthread_cond_timedwait(&lg->cv, &lg->mu, &deadline);
     if (rc == ETIMEDOUT && lg->gen == gen && !lg->broken) {
       find_missing(lg, gen, missing);
+      tsr_call_format(call, g->n, what, sizeof what);
       format_missing(g, missing, who, sizeof who);
       snprintf(msg, sizeof msg,
                "%s on group '%s' %s (seq %llu) timed out after %g s: %s never arrived; the group "

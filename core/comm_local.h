@@ -14,11 +14,14 @@
 
 #define TSR_LOCAL_MSG_LEN 1024
 
-/* All-reduces of at most this many bytes read every peer's whole buffer (latency-optimal, two
- * rendezvous); larger ones reduce one chunk per member and then gather the chunks
- * (bandwidth-optimal, three). Measured with bench_comm, see docs/comm.md. Overridden by the
- * environment variable TESSERA_LOCAL_SMALL_BYTES, read once per launch. */
-#define TSR_LOCAL_SMALL_BYTES_DEFAULT ((size_t)64 << 10)
+/* An all-reduce of `bytes` over n members takes the latency-optimal algorithm (every member reads
+ * every peer's whole buffer: two rendezvous, n * bytes read per member) when bytes * (n - 1), the
+ * data it pulls from its peers, is at most this; otherwise the bandwidth-optimal one (reduce one
+ * chunk per member, then gather the chunks: three rendezvous, 2 * bytes moved per member).
+ * Scaling with n - 1 matches the measured crossover, which falls as the group grows (bench_comm,
+ * docs/comm.md). Overridden by the environment variable TESSERA_LOCAL_SMALL_BYTES, read once per
+ * launch. */
+#define TSR_LOCAL_SMALL_BYTES_DEFAULT ((size_t)32 << 10)
 
 /* A pending send, living on the sender's stack until the receiver marks it done. */
 typedef struct local_msg {

@@ -135,7 +135,7 @@ tsr_status tsr_local_all_reduce(tsr_group_t *g, const tsr_call *call) {
   local_group *lg = tsr_local_group(g);
   int n = g->n, me = g->index;
   size_t es = tsr_dtype_size(call->dt), bytes = call->count * es;
-  bool small = bytes <= tsr_local_world(g)->small_bytes;
+  bool small = bytes <= tsr_local_world(g)->small_bytes / (size_t)(n - 1);
   const void **srcs = NULL;
   void *dst = call->recv;
   TSR_CHECK(srcs_prepare(g, &srcs));

@@ -59,7 +59,8 @@ const char *tsr_comm_backend(const tsr_comm_t *c); /* "local", "mpi", ... */
 /* The group of `n` global ranks `ranks` (in group order; the caller must be one of them).
  * `label` names what the group spans, e.g. "tp" or "dp+tp"; byte counters are kept per label.
  * Not collective: every member calls it with the same list and gets its own handle to the same
- * group. The same list returns the same handle. */
+ * group. The same list (and label) returns the same handle; another label over the same list is
+ * another handle on the same group, counting bytes under its own label. */
 tsr_status tsr_comm_group(tsr_comm_t *c, int n, const int *ranks, const char *label,
                           tsr_group_t **out);
 int tsr_group_size(const tsr_group_t *g);
@@ -84,10 +85,12 @@ tsr_status tsr_comm_reduce_scatter(tsr_group_t *g, const void *send, void *recv,
  * equal member j's recv_counts[i] (checked). */
 tsr_status tsr_comm_all_to_all(tsr_group_t *g, const void *send, const size_t *send_counts,
                                void *recv, const size_t *recv_counts, tsr_dtype dt);
-/* buf on member `root` is copied to every member's buf. */
+/* buf on member `root` (a member index) is copied to every member's buf. */
 tsr_status tsr_comm_broadcast(tsr_group_t *g, void *buf, size_t count, tsr_dtype dt, int root);
 /* Point-to-point between members of a group, matched in order per (sender, receiver) pair.
- * send may block until the receive is posted: ring exchanges use sendrecv. */
+ * Peers are member indices in g (0 ..< tsr_group_size), not global ranks. Count and dtype must
+ * match on both sides (else TSR_ECOMM on both). send may block until the receive is posted: ring
+ * exchanges use sendrecv, which may name this member on both sides (a local copy). */
 tsr_status tsr_comm_send(tsr_group_t *g, int peer, const void *buf, size_t count, tsr_dtype dt);
 tsr_status tsr_comm_recv(tsr_group_t *g, int peer, void *buf, size_t count, tsr_dtype dt);
 tsr_status tsr_comm_sendrecv(tsr_group_t *g, int send_peer, const void *send, size_t send_count,

@@ -296,7 +296,7 @@ static tsr_status rank_large(tsr_comm_t *c, void *arg) {
   (void)arg;
   int n = tsr_comm_world(c), ranks[64];
   for (int i = 0; i < n; i++) ranks[i] = i;
-  static const size_t counts[] = {16383, 16385, 40001};
+  static const size_t counts[] = {1000, 5000, 40001};
   return suite_run(c, n, ranks, "world", counts, 3);
 }
 
