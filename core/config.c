@@ -483,8 +483,13 @@ tsr_status tsr_config_check_section(const tsr_config *cfg, const char *plugin,
     if (!set && !keys[k].default_value) {
       char want[256];
       tsr_key_describe(&keys[k], want, sizeof want);
+      if (!s)
+        return tsr_config_error(cfg, TSR_EINVAL, "plugins", "load",
+                                "plugin %s (%s) requires key '%s' (%s); add a [%s] section "
+                                "with '%s = ...'",
+                                plugin, plugin_path, keys[k].name, want, section, keys[k].name);
       return tsr_config_error(cfg, TSR_EINVAL, section, NULL,
-                              "plugin %s (%s) requires key '%s' (%s): add '%s = ...'", plugin,
+                              "plugin %s (%s) requires key '%s' (%s); add '%s = ...'", plugin,
                               plugin_path, keys[k].name, want, keys[k].name);
     }
   }

@@ -377,23 +377,27 @@ tsr_status tsr_schema_store(const tsr_schema_entry *e, const char *value, tsr_co
 
 /* ---- Did-you-mean ---- */
 
+/* Edit distance where swapping two neighbours counts as one edit ("stpes" is one from "steps"),
+ * case-insensitive. */
 static int edit_distance(const char *a, const char *b) {
+  enum { N = 64 };
   size_t la = strlen(a), lb = strlen(b);
-  if (la > 63 || lb > 63) return 99;
-  int row[64];
-  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
+  if (la >= N || lb >= N) return 99;
+  int d[N][N];
+  for (size_t i = 0; i <= la; i++) d[i][0] = (int)i;
+  for (size_t j = 0; j <= lb; j++) d[0][j] = (int)j;
+  for (size_t i = 1; i <= la; i++)
     for (size_t j = 1; j <= lb; j++) {
-      int up = row[j];
-      int sub = diag + (tolower((unsigned char)a[i - 1]) != tolower((unsigned char)b[j - 1]));
-      int best = up + 1 < row[j - 1] + 1 ? up + 1 : row[j - 1] + 1;
-      row[j] = sub < best ? sub : best;
-      diag = up;
+      int ca = tolower((unsigned char)a[i - 1]), cb = tolower((unsigned char)b[j - 1]);
+      int best = d[i - 1][j - 1] + (ca != cb);
+      if (d[i - 1][j] + 1 < best) best = d[i - 1][j] + 1;
+      if (d[i][j - 1] + 1 < best) best = d[i][j - 1] + 1;
+      if (i > 1 && j > 1 && ca == tolower((unsigned char)b[j - 2]) &&
+          tolower((unsigned char)a[i - 2]) == cb && d[i - 2][j - 2] + 1 < best)
+        best = d[i - 2][j - 2] + 1;
+      d[i][j] = best;
     }
-  }
-  return row[lb];
+  return d[la][lb];
 }
 
 const char *tsr_closest_name(const char *word, const char *const *names, int n) {

@@ -64,8 +64,8 @@ const char *tsr_plugin_check_name(tsr_plugin_check c) {
   return "?";
 }
 
-/* Records the failure in the report and as the last error: "<name>: <what> (plugin ABI x.y, core
- * ABI 1.0) in <path>". */
+/* Records the failure in the report and as the last error: "<name>: <problem> (plugin ABI x.y,
+ * core ABI 1.0) in <path>; <fix>", where fmt gives "<problem>; <fix>". */
 static tsr_status fail(tsr_plugin_report *rep, tsr_plugin_check check, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
@@ -79,9 +79,13 @@ static tsr_status fail(tsr_plugin_report *rep, tsr_plugin_check check, const cha
     snprintf(abi, sizeof abi, "%u.%u", rep->abi_major, rep->abi_minor);
   else
     snprintf(abi, sizeof abi, "unknown");
-  int len =
-      snprintf(rep->message, sizeof rep->message, "%s: %s (plugin ABI %s, core ABI %d.%d) in %s",
-               rep->name, what, abi, TSR_ABI_MAJOR, TSR_ABI_MINOR, rep->path[0] ? rep->path : "-");
+  /* "problem; fix" reads as "name: problem (versions) in path; fix". */
+  char *fix = strstr(what, "; ");
+  if (fix) *fix = '\0', fix += 2;
+  int len = snprintf(rep->message, sizeof rep->message,
+                     "%s: %s (plugin ABI %s, core ABI %d.%d) in %s%s%s", rep->name, what, abi,
+                     TSR_ABI_MAJOR, TSR_ABI_MINOR, rep->path[0] ? rep->path : "-", fix ? "; " : "",
+                     fix ? fix : "");
   if (len < 0) rep->message[0] = '\0';
   rep->failed = check;
   rep->status = TSR_EPLUGIN;

@@ -1,0 +1,208 @@
+/* Rule registries: op sharding rules, module styles, schedules and optimizer hooks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "tessera/registry.h"
+
+static tsr_registry_t *new_registry(void) {
+  tsr_registry_t *reg = NULL;
+  assert_int_equal(tsr_registry_new(&reg), TSR_OK);
+  return reg;
+}
+
+static tsr_op_rule matmul_rule(const char *name, const char *dim, tsr_placement a, tsr_placement b,
+                               tsr_placement out) {
+  tsr_op_rule r = {.name = name, .op = "matmul", .mesh_dim = dim, .ninputs = 2, .noutputs = 1};
+  r.inputs[0] = a;
+  r.inputs[1] = b;
+  r.outputs[0] = out;
+  return r;
+}
+
+static void test_op_rules(void **state) {
+  (void)state;
+  tsr_registry_t *reg = new_registry();
+  assert_null(tsr_registry_find_op_rule(reg, "matmul", "tp", 0, NULL));
+  tsr_op_rule col =
+      matmul_rule("core.matmul.col", NULL, tsr_replicate(), tsr_shard(1), tsr_shard(1));
+  tsr_op_rule row =
+      matmul_rule("core.matmul.row", NULL, tsr_shard(1), tsr_shard(0), tsr_partial(TSR_REDUCE_SUM));
+  tsr_op_rule tp_col =
+      matmul_rule("tp.matmul.col", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
+  assert_int_equal(tsr_registry_add_op_rule(reg, &col), TSR_OK);
+  assert_int_equal(tsr_registry_add_op_rule(reg, &row), TSR_OK);
+  assert_int_equal(tsr_registry_add_op_rule(reg, &tp_col), TSR_OK);
+  assert_int_equal(tsr_registry_op_rule_count(reg), 3);
+
+  tsr_placement in[2] = {tsr_replicate(), tsr_shard(1)};
+  /* A rule for the named dim beats the generic one; other dims get the generic one. */
+  assert_string_equal(tsr_registry_find_op_rule(reg, "matmul", "tp", 2, in)->name, "tp.matmul.col");
+  assert_string_equal(tsr_registry_find_op_rule(reg, "matmul", "dp", 2, in)->name,
+                      "core.matmul.col");
+  tsr_placement in_row[2] = {tsr_shard(1), tsr_shard(0)};
+  const tsr_op_rule *r = tsr_registry_find_op_rule(reg, "matmul", "tp", 2, in_row);
+  assert_non_null(r);
+  assert_int_equal(r->outputs[0].kind, TSR_PARTIAL);
+  /* Placements must match exactly: S(0) is not S(1). */
+  tsr_placement in_bad[2] = {tsr_replicate(), tsr_shard(0)};
+  assert_null(tsr_registry_find_op_rule(reg, "matmul", "tp", 2, in_bad));
+  assert_null(tsr_registry_find_op_rule(reg, "add", "tp", 2, in));
+
+  /* The same key twice is refused, naming both rules. */
+  tsr_op_rule again = matmul_rule("other.col", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
+  assert_int_equal(tsr_registry_add_op_rule(reg, &again), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "duplicates rule 'tp.matmul.col'"));
+
+  /* A wildcard input matches any placement. */
+  tsr_op_rule any = matmul_rule("x.any", "cp", tsr_shard(0), tsr_replicate(), tsr_shard(0));
+  any.any_input = 1u << 1;
+  assert_int_equal(tsr_registry_add_op_rule(reg, &any), TSR_OK);
+  tsr_placement in_any[2] = {tsr_shard(0), tsr_partial(TSR_REDUCE_MAX)};
+  assert_string_equal(tsr_registry_find_op_rule(reg, "matmul", "cp", 2, in_any)->name, "x.any");
+
+  tsr_op_rule bad = {.name = "bad", .op = "matmul", .ninputs = 0, .noutputs = 1};
+  assert_int_equal(tsr_registry_add_op_rule(reg, &bad), TSR_EINVAL);
+  bad.ninputs = 1;
+  bad.op = NULL;
+  assert_int_equal(tsr_registry_add_op_rule(reg, &bad), TSR_EINVAL);
+  tsr_registry_free(reg);
+}
+
+static void test_module_styles(void **state) {
+  (void)state;
+  tsr_registry_t *reg = new_registry();
+  tsr_module_style col = {.style = "column_linear",
+                          .mesh_dim = "tp",
+                          .owner = "tp",
+                          .nparams = 2,
+                          .params = {{"weight", tsr_shard(0)}, {"bias", tsr_shard(0)}},
+                          .input = tsr_replicate(),
+                          .output = tsr_shard(2)};
+  assert_int_equal(tsr_registry_add_module_style(reg, &col), TSR_OK);
+  const tsr_module_style *s = tsr_registry_find_module_style(reg, "column_linear", "tp");
+  assert_non_null(s);
+  assert_int_equal(tsr_module_style_param(s, "weight").kind, TSR_SHARD);
+  assert_int_equal(tsr_module_style_param(s, "weight").dim, 0);
+  assert_int_equal(s->output.dim, 2);
+  /* Unlisted parameters and dims without a style are dense and replicated. */
+  assert_int_equal(tsr_module_style_param(s, "scale").kind, TSR_REPLICATE);
+  assert_null(tsr_registry_find_module_style(reg, "column_linear", "dp"));
+  assert_int_equal(tsr_module_style_param(NULL, "weight").kind, TSR_REPLICATE);
+
+  tsr_module_style dup = col;
+  dup.owner = "sp";
+  assert_int_equal(tsr_registry_add_module_style(reg, &dup), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "registered by tp and again by sp"));
+
+  tsr_module_style cp = {.style = "attention", .mesh_dim = "ulysess_cp", .owner = "cp_ulysses"};
+  assert_int_equal(tsr_registry_add_module_style(reg, &cp), TSR_OK);
+  assert_non_null(tsr_registry_find_module_style(reg, "attention", "ulysses_cp"));
+  assert_int_equal(tsr_registry_module_style_count(reg), 2);
+  assert_string_equal(tsr_registry_module_style_at(reg, 1)->owner, "cp_ulysses");
+  assert_null(tsr_registry_module_style_at(reg, 2));
+
+  tsr_module_style noname = {.style = "mlp"};
+  assert_int_equal(tsr_registry_add_module_style(reg, &noname), TSR_EINVAL);
+  tsr_registry_free(reg);
+}
+
+/* Forward of every microbatch, then backward in reverse: GPipe's order, enough to test dispatch. */
+static tsr_status gpipe(int stages, int microbatches, int stage, tsr_pipe_action *actions, int cap,
+                        int *n, void *ctx) {
+  (void)stages, (void)stage, (void)ctx;
+  if (2 * microbatches > cap) return tsr_error(TSR_EINVAL, "capacity %d too small", cap);
+  *n = 0;
+  for (int m = 0; m < microbatches; m++)
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_FORWARD, m, 0};
+  for (int m = microbatches - 1; m >= 0; m--)
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_BACKWARD, m, 0};
+  return TSR_OK;
+}
+
+static void test_schedules(void **state) {
+  (void)state;
+  tsr_registry_t *reg = new_registry();
+  tsr_schedule s = {"gpipe", "pp", gpipe, NULL};
+  assert_int_equal(tsr_registry_add_schedule(reg, &s), TSR_OK);
+  assert_int_equal(tsr_registry_add_schedule(reg, &s), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "schedule 'gpipe' is registered by pp and again by pp"));
+  const tsr_schedule *found = tsr_registry_find_schedule(reg, "gpipe");
+  assert_non_null(found);
+  assert_null(tsr_registry_find_schedule(reg, "1f1b"));
+  tsr_pipe_action acts[8];
+  int n = 0;
+  assert_int_equal(found->build(2, 3, 0, acts, 8, &n, found->ctx), TSR_OK);
+  assert_int_equal(n, 6);
+  assert_int_equal(acts[3].kind, TSR_PIPE_BACKWARD);
+  assert_int_equal(acts[3].microbatch, 2);
+  assert_int_equal(tsr_registry_schedule_count(reg), 1);
+  tsr_schedule nobuild = {"x", "pp", NULL, NULL};
+  assert_int_equal(tsr_registry_add_schedule(reg, &nobuild), TSR_EINVAL);
+  tsr_registry_free(reg);
+}
+
+typedef struct hook_log {
+  char text[128];
+  int fail_on; /* id that fails, or -1 */
+} hook_log;
+
+typedef struct hook_id {
+  hook_log *log;
+  int id;
+} hook_id;
+
+static tsr_status record(tsr_rank_t *r, tsr_hook_when when, const tsr_optim_step *step, void *ctx) {
+  (void)r, (void)step;
+  hook_id *h = ctx;
+  size_t o = strlen(h->log->text);
+  snprintf(h->log->text + o, sizeof h->log->text - o, "%c%d ",
+           when == TSR_HOOK_BEFORE_STEP ? 'b' : 'a', h->id);
+  if (h->id == h->log->fail_on) return tsr_error(TSR_ECOMM, "replica check lost a peer");
+  return TSR_OK;
+}
+
+static void test_optim_hooks(void **state) {
+  (void)state;
+  tsr_registry_t *reg = new_registry();
+  assert_int_equal(tsr_registry_run_optim_hooks(reg, NULL, TSR_HOOK_BEFORE_STEP, NULL), TSR_OK);
+  hook_log log = {"", -1};
+  hook_id ids[3] = {{&log, 1}, {&log, 2}, {&log, 3}};
+  for (int i = 0; i < 3; i++) {
+    /* Names are kept by pointer: use storage that outlives the registry. */
+    static const char *const names[] = {"h1", "h2", "h3"};
+    tsr_optim_hook before = {names[i], TSR_HOOK_BEFORE_STEP, record, &ids[i]};
+    tsr_optim_hook after = {names[i], TSR_HOOK_AFTER_STEP, record, &ids[i]};
+    assert_int_equal(tsr_registry_add_optim_hook(reg, &before), TSR_OK);
+    assert_int_equal(tsr_registry_add_optim_hook(reg, &after), TSR_OK);
+  }
+  assert_int_equal(tsr_registry_optim_hook_count(reg), 6);
+  tsr_optim_step step = {.step = 7};
+  assert_int_equal(tsr_registry_run_optim_hooks(reg, NULL, TSR_HOOK_BEFORE_STEP, &step), TSR_OK);
+  assert_int_equal(tsr_registry_run_optim_hooks(reg, NULL, TSR_HOOK_AFTER_STEP, &step), TSR_OK);
+  assert_string_equal(log.text, "b1 b2 b3 a3 a2 a1 ");
+
+  log.text[0] = '\0';
+  log.fail_on = 2;
+  assert_int_equal(tsr_registry_run_optim_hooks(reg, NULL, TSR_HOOK_AFTER_STEP, &step), TSR_ECOMM);
+  assert_string_equal(log.text, "a3 a2 ");
+  assert_non_null(strstr(tsr_last_error(), "optimizer hook h2 (after step 7): replica check lost"));
+
+  tsr_optim_hook bad = {"bad", (tsr_hook_when)5, record, NULL};
+  assert_int_equal(tsr_registry_add_optim_hook(reg, &bad), TSR_EINVAL);
+  tsr_registry_free(reg);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_op_rules),
+      cmocka_unit_test(test_module_styles),
+      cmocka_unit_test(test_schedules),
+      cmocka_unit_test(test_optim_hooks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
