@@ -408,6 +408,40 @@ tsr_status tsr_config_check_world(const tsr_config *cfg, int world) {
                           (long long)cfg->mesh.world, world, (long long)cfg->mesh.world);
 }
 
+tsr_status tsr_config_set(tsr_config *cfg, const char *assignment) {
+  const char *dot = strchr(assignment, '.');
+  const char *eq = strchr(assignment, '=');
+  if (!dot || !eq || dot > eq)
+    return tsr_error(TSR_EINVAL, "--set '%s': expected section.key=value, e.g. output.dump=d.st",
+                     assignment);
+  char section[TSR_MAX_NAME], key[TSR_MAX_NAME];
+  if (dot - assignment >= TSR_MAX_NAME || eq - dot - 1 >= TSR_MAX_NAME)
+    return tsr_error(TSR_EINVAL, "--set '%s': section or key too long", assignment);
+  snprintf(section, sizeof section, "%.*s", (int)(dot - assignment), assignment);
+  snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+  const char *value = eq + 1;
+  const tsr_schema_entry *e = tsr_schema_find(section, key);
+  if (!e) {
+    const char *names[128];
+    int n = 0;
+    for (int i = 0; i < tsr_schema_len && n < 128; i++)
+      if (!strcmp(tsr_schema[i].key.section, section)) names[n++] = tsr_schema[i].key.spec.name;
+    if (!n)
+      return tsr_error(TSR_EINVAL, "--set '%s': no section [%s] in the job-file schema", assignment,
+                       section);
+    const char *hint = tsr_closest_name(key, names, n);
+    return tsr_error(TSR_EINVAL, "--set '%s': [%s] has no key '%s'%s%s%s", assignment, section, key,
+                     hint ? "; did you mean '" : "", hint ? hint : "", hint ? "'?" : "");
+  }
+  if (strlen(value) >= TSR_MAX_VALUE)
+    return tsr_error(TSR_EINVAL, "--set '%s': value longer than %d characters", assignment,
+                     TSR_MAX_VALUE - 1);
+  tsr_status st = tsr_key_check(&e->key.spec, value);
+  if (st == TSR_OK) st = tsr_schema_store(e, value, cfg);
+  if (st != TSR_OK) return tsr_error_prefix(st, "--set [%s] %s", section, key);
+  return TSR_OK;
+}
+
 int tsr_config_line(const tsr_config *cfg, const char *section, const char *key) {
   if (!strncmp(section, "strategy.", 9) && key) {
     const tsr_config_section *s = tsr_config_strategy(cfg, section + 9);

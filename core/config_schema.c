@@ -107,6 +107,10 @@ const tsr_schema_entry tsr_schema[] = {
               "decoupled weight decay, applied to every parameter"),
     KEY_FLOAT("optimizer", "max_norm", optimizer.max_norm, "1.0", 0, 1e6,
               "global gradient-norm clip as clip_grad_norm_; 0 = no clipping"),
+    KEY_FLOAT("optimizer", "min_lr", optimizer.min_lr, "0", 0, 10,
+              "learning rate the cosine schedule decays to at the last step"),
+    KEY_INT("optimizer", "grad_accum_steps", optimizer.grad_accum_steps, "1", 1, 1e6,
+            "microbatches per optimizer step; must divide [data] batch_size"),
 
     KEY_STRING("checkpoint", "load", checkpoint.load, "",
                "safetensors file of full tensors (HF names) to start from; empty = fresh init"),

@@ -125,6 +125,8 @@ typedef struct tsr_config {
     tsr_lr_schedule lr_schedule;
     int64_t warmup_steps;
     double beta1, beta2, eps, weight_decay, max_norm;
+    double min_lr;            /* where the cosine ends */
+    int64_t grad_accum_steps; /* microbatches per optimizer step */
   } optimizer;
 
   struct {
@@ -153,6 +155,12 @@ tsr_status tsr_config_load(const char *path, tsr_config **out);
 /* As tsr_config_load, from text in memory; `name` stands in for the file name in messages. */
 tsr_status tsr_config_parse_string(const char *text, const char *name, tsr_config **out);
 void tsr_config_free(tsr_config *cfg);
+
+/* Sets one core key from "section.key=value" (e.g. "output.dump=/tmp/d.safetensors"), checked
+ * as the parser checks it: unknown keys get a did-you-mean, bad values say what is expected. For
+ * command-line overrides, applied after tsr_config_load; the job file's cross-checks are not run
+ * again, so it is meant for keys that stand on their own (paths, steps, seeds, rates). */
+tsr_status tsr_config_set(tsr_config *cfg, const char *assignment);
 
 /* TSR_EINVAL when the mesh product differs from the world size a backend provides. */
 tsr_status tsr_config_check_world(const tsr_config *cfg, int world);
