@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""Golden data for Tessera's 1-rank Llama run, from an independent PyTorch implementation.
+
+For each case this writes, under tests/data/golden/<case>/:
+
+  model.safetensors     initial parameters, Hugging Face names, F32
+  batch.safetensors     input_ids, labels (I32, [B, L]; labels aligned with positions)
+  expected.safetensors  what Tessera's `[output] dump` must contain for step 1:
+                        logits [B, L, V], loss [], grad.<name> (before clipping),
+                        after.<name> (after clip_grad_norm_ and one AdamW step)
+  job.ini               a Tessera job that reproduces the case on one rank
+
+Usage:
+  make_golden.py                       regenerate every case (tests/data/golden)
+  make_golden.py --case gqa --out DIR  one case, elsewhere
+  make_golden.py --check DUMP [--case NAME | --expected FILE]
+                                       compare a Tessera dump with a case's expectation
+
+See tests/golden/README.md.
+"""
+
+import argparse
+import math
+import re
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llama_ref import (LlamaConfig, LlamaForCausalLM, init_weights, load_safetensors,  # noqa: E402
+                       loss_fn, rope_tables, save_safetensors)
+
+REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+DEFAULT_OUT = os.path.join(REPO, "tests", "data", "golden")
+
+DUMP_FORMAT = "tessera-dump-v1"
+
+# --check's default tolerance: |dump - expected| <= atol + rtol * |expected| elementwise.
+CHECK_RTOL, CHECK_ATOL = 1e-4, 1e-5
+
+# Optimizer of the golden step; job.ini states the same values.
+OPT = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_norm=1.0)
+
+# Each case exercises something the others do not:
+#   gqa     grouped-query attention (2 q heads per kv head), the DESIGN.md example model
+#   uneven  sizes that split unevenly (vocab 250, hidden 48, intermediate 100, 3 layers,
+#           3 q heads per kv head), a tiny eps and a large RoPE base
+#   tied    tie_word_embeddings (one matrix, two gradient contributions) with plain MHA
+CASES = {
+    "gqa": dict(seed=1, batch=2, seq=16,
+                cfg=dict(vocab_size=256, hidden_size=64, intermediate_size=176,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)),
+    "uneven": dict(seed=2, batch=3, seq=10,
+                   cfg=dict(vocab_size=250, hidden_size=48, intermediate_size=100,
+                            num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                            rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False)),
+    "tied": dict(seed=3, batch=2, seq=8,
+                 cfg=dict(vocab_size=128, hidden_size=32, intermediate_size=64,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                          rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)),
+}
+
+
+# --------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------
+
+def make_batch(vocab, batch, seq, generator):
+    """Random tokens; labels are the next token, with a few positions set to -100.
+
+    A sequence of seq+1 tokens is drawn so that every position, the last included, has a
+    real next-token label before some are masked.
+    """
+    tokens = torch.randint(0, vocab, (batch, seq + 1), generator=generator, dtype=torch.int64)
+    input_ids = tokens[:, :seq].clone()
+    labels = tokens[:, 1:].clone()
+    n_ignore = max(2, batch * seq // 8)
+    flat = labels.view(-1)
+    flat[torch.randperm(batch * seq, generator=generator)[:n_ignore]] = -100
+    return input_ids, labels
+
+
+# --------------------------------------------------------------------------------------
+# Self-checks (cheap, independent recomputations of the riskiest parts)
+# --------------------------------------------------------------------------------------
+
+def loop_attention_one_head(attn, x, head, b):
+    """Attention output of one (batch row, q head), by explicit loops in float64.
+
+    Recomputes the projections, RoPE (as pair rotations of element i with i + D/2, angle
+    pos * theta^(-2i/D)), the GQA head mapping (q head h reads kv head h // g) and the causal
+    softmax without any of the vectorised helpers.  Returns [L, D].
+    """
+    cfg = attn.cfg
+    d, g = cfg.head_dim, cfg.num_attention_heads // cfg.num_key_value_heads
+    kvh = head // g
+    xb = x[b].double()                                          # [L, hidden]
+    wq = attn.q_proj.weight.detach().double()[head * d:(head + 1) * d]
+    wk = attn.k_proj.weight.detach().double()[kvh * d:(kvh + 1) * d]
+    wv = attn.v_proj.weight.detach().double()[kvh * d:(kvh + 1) * d]
+    q, k, v = xb @ wq.T, xb @ wk.T, xb @ wv.T                   # [L, D]
+
+    def rope(m):
+        out = m.clone()
+        half = d // 2
+        for pos in range(m.shape[0]):
+            for i in range(half):
+                ang = pos * cfg.rope_theta ** (-2.0 * i / d)
+                c, s = math.cos(ang), math.sin(ang)
+                a0, a1 = m[pos, i].item(), m[pos, i + half].item()
+                out[pos, i] = a0 * c - a1 * s
+                out[pos, i + half] = a1 * c + a0 * s
+        return out
+
+    q, k = rope(q), rope(k)
+    length = x.shape[1]
+    out = torch.zeros(length, d, dtype=torch.float64)
+    for i in range(length):
+        scores = [float(q[i] @ k[j]) / math.sqrt(d) for j in range(i + 1)]
+        top = max(scores)
+        w = [math.exp(s - top) for s in scores]
+        total = sum(w)
+        for j in range(i + 1):
+            out[i] += (w[j] / total) * v[j]
+    return out
+
+
+def check_attention(model, input_ids):
+    """Compare layer 0's attention (vectorised) with the explicit loop, head by head."""
+    attn = model.model.layers[0].self_attn
+    captured = {}
+
+    def hook(_module, args, _output):
+        captured["x"] = args[0].detach()
+    handle = attn.register_forward_hook(hook)
+    attn.keep_qkv = True
+    with torch.no_grad():
+        model(input_ids)
+    attn.keep_qkv = False
+    handle.remove()
+    _, _, _, out = attn.saved
+    attn.saved = None
+    # Every q head of the last batch row: one head alone could not tell a right kv-head
+    # mapping (h // g) from a wrong one that happens to agree on it (h % Hkv for the last).
+    b = input_ids.shape[0] - 1
+    err = 0.0
+    for head in range(model.cfg.num_attention_heads):
+        ref = loop_attention_one_head(attn, captured["x"], head, b)
+        err = max(err, (out[b, head].double() - ref).abs().max().item())
+    assert err < 1e-6, f"attention loop check: max |diff| {err:.3e}"
+    return err
+
+
+def check_loss(logits, labels, loss):
+    """Recompute the mean CE in float64 from the stored logits and labels."""
+    lg = logits.astype(np.float64).reshape(-1, logits.shape[-1])
+    lb = labels.reshape(-1).astype(np.int64)
+    keep = lb != -100
+    top = lg.max(axis=1, keepdims=True)
+    lse = (top + np.log(np.exp(lg - top).sum(axis=1, keepdims=True)))[:, 0]
+    ref = float(np.mean(lse[keep] - lg[keep, lb[keep]]))
+    err = abs(ref - float(loss))
+    assert err <= 1e-6 * max(1.0, abs(ref)), f"loss check: stored {float(loss)} vs {ref}"
+    return err
+
+
+def check_adamw(before, grads, after):
+    """Closed form of clip_grad_norm_ then AdamW step 1, in float64, against torch's result."""
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+    coef = min(1.0, OPT["max_norm"] / (norm + 1e-6))    # clip_grad_norm_'s formula
+    b1, b2, lr, eps, wd = OPT["beta1"], OPT["beta2"], OPT["lr"], OPT["eps"], OPT["weight_decay"]
+    worst = 0.0
+    for name, p0 in before.items():
+        g = grads[name].double() * coef
+        m = (1 - b1) * g
+        v = (1 - b2) * g * g
+        p = p0.double() * (1 - lr * wd)
+        p = p - (lr / (1 - b1)) * m / (v.sqrt() / math.sqrt(1 - b2) + eps)
+        worst = max(worst, (p - after[name].double()).abs().max().item())
+    assert worst < 1e-6, f"AdamW closed-form check: max |diff| {worst:.3e}"
+    return norm, coef, worst
+
+
+# --------------------------------------------------------------------------------------
+# Generation
+# --------------------------------------------------------------------------------------
+
+def job_ini(case, spec):
+    c = spec["cfg"]
+
+    def num(x):
+        # Short text that parses back to the same double: 1e-05 -> "1e-5", 10000.0 -> "10000".
+        x = float(x)
+        text = "%g" % x
+        if float(text) != x:
+            text = repr(x)
+        text = re.sub(r"e([+-])0*(\d)", r"e\1\2", text)
+        assert float(text) == x, (text, x)
+        return text
+
+    lines = [
+        f"; Golden case '{case}': reproduces tests/data/golden/{case}/expected.safetensors.",
+        "; Generated by tests/golden/make_golden.py; paths are relative to this file.",
+        "",
+        "[job]", "mode = train", "steps = 1", "seed = 0", "backend = local", "device = cpu",
+        "",
+        "[mesh]", "dims = dp, tp", "shape = 1, 1",
+        "",
+        "[model]",
+        f"vocab_size = {c['vocab_size']}",
+        f"hidden_size = {c['hidden_size']}",
+        f"intermediate_size = {c['intermediate_size']}",
+        f"num_hidden_layers = {c['num_hidden_layers']}",
+        f"num_attention_heads = {c['num_attention_heads']}",
+        f"num_key_value_heads = {c['num_key_value_heads']}",
+        f"rms_norm_eps = {num(c['rms_norm_eps'])}",
+        f"rope_theta = {num(c['rope_theta'])}",
+        f"tie_word_embeddings = {'true' if c['tie_word_embeddings'] else 'false'}",
+        "",
+        "[data]", "source = safetensors:batch.safetensors",
+        f"batch_size = {spec['batch']}", f"seq_len = {spec['seq']}",
+        "",
+        "[optimizer]",
+        f"lr = {num(OPT['lr'])}", "lr_schedule = constant", "warmup_steps = 0",
+        f"beta1 = {num(OPT['beta1'])}", f"beta2 = {num(OPT['beta2'])}",
+        f"eps = {num(OPT['eps'])}", f"weight_decay = {num(OPT['weight_decay'])}",
+        f"max_norm = {num(OPT['max_norm'])}",
+        "",
+        "[checkpoint]", "load = model.safetensors",
+        "",
+        "[output]", "dump = dump.safetensors",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def train_step(model, input_ids, labels):
+    """One step as the dump describes it: logits, loss, pre-clip grads, params after AdamW."""
+    params = dict(model.named_parameters())
+    logits = model(input_ids)
+    loss = loss_fn(logits, labels)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in params.items()}   # before clipping
+    torch.nn.utils.clip_grad_norm_(list(params.values()), max_norm=OPT["max_norm"])
+    opt = torch.optim.AdamW(list(params.values()), lr=OPT["lr"],
+                            betas=(OPT["beta1"], OPT["beta2"]), eps=OPT["eps"],
+                            weight_decay=OPT["weight_decay"], foreach=False)
+    opt.step()
+    after = {n: p.detach().clone() for n, p in params.items()}
+    return logits.detach(), loss.detach(), grads, after
+
+
+def check_float64(d, cfg, input_ids, labels, expected):
+    """Rerun the step in float64 from the written files and measure the f32 golden against it.
+
+    An f32 implementation that is correct but sums in another order lands about this far
+    from the golden data, so this shows that --check's default tolerance is attainable (the
+    tightest spot is after.*: AdamW's first step divides g by |g| + eps, which amplifies the
+    rounding of gradients near eps).  Returns (worst ratio to the tolerance, tensor name).
+    """
+    model = model_from(d, cfg).double()
+    logits, loss, grads, after = train_step(model, input_ids, labels)
+    ref = {"logits": logits, "loss": loss}
+    ref.update({"grad." + n: g for n, g in grads.items()})
+    ref.update({"after." + n: p for n, p in after.items()})
+    worst = (0.0, "")
+    for name, t in expected:
+        r = ((t.double() - ref[name]).abs() /
+             (CHECK_ATOL + CHECK_RTOL * ref[name].abs())).max().item()
+        worst = max(worst, (r, name))
+    assert worst[0] < 1, f"float64 rerun: {worst[1]} is {worst[0]:.2f}x the --check tolerance"
+    return worst
+
+
+def generate(case, spec, out_root):
+    cfg = LlamaConfig(**spec["cfg"])
+    # Global seed too: module construction draws from the global generator before
+    # init_weights overwrites everything, and nothing should depend on leftover state.
+    torch.manual_seed(spec["seed"])
+    gen = torch.Generator().manual_seed(spec["seed"])
+    model = LlamaForCausalLM(cfg)
+    init_weights(model, gen)
+    input_ids, labels = make_batch(cfg.vocab_size, spec["batch"], spec["seq"], gen)
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    logits, loss, grads, after = train_step(model, input_ids, labels)
+
+    d = os.path.join(out_root, case)
+    os.makedirs(d, exist_ok=True)
+    save_safetensors(os.path.join(d, "model.safetensors"), before, {"format": "pt"})
+    save_safetensors(os.path.join(d, "batch.safetensors"),
+                     [("input_ids", input_ids.to(torch.int32)), ("labels", labels.to(torch.int32))],
+                     {"format": "pt"})
+    expected = [("logits", logits), ("loss", loss.reshape(()))]
+    expected += [("grad." + n, g) for n, g in grads.items()]
+    expected += [("after." + n, p) for n, p in after.items()]
+    save_safetensors(os.path.join(d, "expected.safetensors"), expected, {"format": DUMP_FORMAT})
+    with open(os.path.join(d, "job.ini"), "w", newline="\n") as f:
+        f.write(job_ini(case, spec))
+
+    # Self-checks, on what was written where possible (so the reader is checked too).
+    got, meta = load_safetensors(os.path.join(d, "expected.safetensors"))
+    assert meta == {"format": DUMP_FORMAT}
+    assert list(got) == [n for n, _ in expected], "tensor order changed on the round trip"
+    for n, t in expected:
+        assert np.array_equal(got[n], t.numpy()), f"round trip changed {n}"
+    batch, _ = load_safetensors(os.path.join(d, "batch.safetensors"))
+    loss_err = check_loss(got["logits"], batch["labels"], got["loss"])
+    attn_err = check_attention(model_from(d, cfg), input_ids)
+    norm, coef, adam_err = check_adamw(before, grads, after)
+    f64_ratio, f64_name = check_float64(d, cfg, input_ids, labels, expected)
+    if cfg.tie_word_embeddings:
+        assert "lm_head.weight" not in before     # HF stores a tied matrix once
+    n_ign = int((labels == -100).sum())
+    print(f"{case}: params={sum(p.numel() for p in before.values())} tensors={len(before)} "
+          f"loss={loss.item():.6f} ignored={n_ign}/{labels.numel()} grad_norm={norm:.6f} "
+          f"clip_coef={coef:.6f}")
+    print(f"{case}: self-check attention-loop |d|={attn_err:.2e} loss-recompute |d|="
+          f"{loss_err:.2e} adamw-closed-form |d|={adam_err:.2e} float64-rerun worst "
+          f"{f64_ratio:.2f}x tolerance ({f64_name}): ok")
+
+
+def model_from(d, cfg):
+    """A fresh model loaded from the written model.safetensors (checks the file, too)."""
+    model = LlamaForCausalLM(cfg)
+    tensors, _ = load_safetensors(os.path.join(d, "model.safetensors"))
+    names = [n for n, _ in model.named_parameters()]
+    assert list(tensors) == names, "model.safetensors names differ from the module's"
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.from_numpy(tensors[n].copy()))
+    return model
+
+
+# --------------------------------------------------------------------------------------
+# --check: compare a Tessera dump with an expectation
+# --------------------------------------------------------------------------------------
+
+def check_dump(dump_path, expected_path, rtol, atol):
+    dump, dmeta = load_safetensors(dump_path)
+    exp, _ = load_safetensors(expected_path)
+    print(f"dump     {dump_path} ({len(dump)} tensors, metadata {dmeta})")
+    print(f"expected {expected_path} ({len(exp)} tensors)")
+    failures = []
+    # A forward-mode dump has only logits and loss; compare what that mode promises.
+    forward_only = not any(n.startswith(("grad.", "after.")) for n in dump)
+    if forward_only:
+        print("dump has no grad./after. tensors: comparing logits and loss only (forward mode)")
+    worst = None   # (ratio, name, max_abs, at_index, got, want)
+    for name, want in exp.items():
+        if forward_only and name.startswith(("grad.", "after.")):
+            continue
+        if name not in dump:
+            failures.append(f"{name}: missing from the dump")
+            continue
+        got = dump[name]
+        if got.shape != want.shape:
+            failures.append(f"{name}: shape {list(got.shape)} != expected {list(want.shape)}")
+            continue
+        g, w = got.astype(np.float64), want.astype(np.float64)
+        if not np.all(np.isfinite(g)):
+            failures.append(f"{name}: non-finite values in the dump")
+            continue
+        diff = np.abs(g - w)
+        # ratio > 1 means outside |got - want| <= atol + rtol * |want| (numpy.isclose's rule)
+        ratio = diff / (atol + rtol * np.abs(w)) if diff.size else np.zeros(0)
+        if ratio.size == 0:
+            continue
+        i = int(np.argmax(ratio))
+        r = float(ratio.flat[i])
+        idx = np.unravel_index(i, ratio.shape) if ratio.ndim else ()
+        entry = (r, name, float(diff.max()), tuple(int(k) for k in idx), float(g.flat[i]),
+                 float(w.flat[i]))
+        if worst is None or r > worst[0]:
+            worst = entry
+        if r > 1:
+            failures.append(f"{name}: max |diff| {entry[2]:.3e}, worst at {list(entry[3])}: "
+                            f"got {entry[4]:.8g} want {entry[5]:.8g} ({r:.2f}x tolerance)")
+    for name in dump:
+        if name not in exp:
+            failures.append(f"{name}: in the dump but not expected")
+    if worst is not None:
+        r, name, mx, idx, gv, wv = worst
+        print(f"worst tensor: {name} max |diff| {mx:.3e}; at {list(idx)} got {gv:.8g} want "
+              f"{wv:.8g}; {r:.3f}x of tolerance (rtol {rtol:g}, atol {atol:g})")
+    for f in failures:
+        print("FAIL " + f)
+    print(f"{'FAIL' if failures else 'PASS'}: {len(failures)} tensor(s) out of tolerance or "
+          f"mismatched")
+    return 1 if failures else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=DEFAULT_OUT, help="output root (default tests/data/golden)")
+    ap.add_argument("--case", action="append", choices=sorted(CASES),
+                    help="only this case (repeatable); default all")
+    ap.add_argument("--check", metavar="DUMP", help="compare a Tessera dump instead of generating")
+    ap.add_argument("--expected", help="with --check: expected file (default: the --case's, or "
+                                       "expected.safetensors next to DUMP)")
+    ap.add_argument("--rtol", type=float, default=CHECK_RTOL)
+    ap.add_argument("--atol", type=float, default=CHECK_ATOL)
+    args = ap.parse_args()
+
+    if args.check:
+        if args.expected:
+            expected = args.expected
+        elif args.case:
+            expected = os.path.join(args.out, args.case[0], "expected.safetensors")
+        else:
+            expected = os.path.join(os.path.dirname(os.path.abspath(args.check)),
+                                    "expected.safetensors")
+        sys.exit(check_dump(args.check, expected, args.rtol, args.atol))
+
+    # One thread: PyTorch's CPU reductions may split differently with more threads, and the
+    # files must not depend on the machine's core count.
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    for case in args.case or list(CASES):
+        generate(case, CASES[case], args.out)
+
+
+if __name__ == "__main__":
+    main()
