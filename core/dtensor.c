@@ -172,3 +172,31 @@ tsr_status tsr_dtensor_full_tensor(tsr_rank_t *r, const tsr_dtensor *x, tsr_tens
   tsr_dtensor_free(full);
   return TSR_OK;
 }
+
+tsr_status tsr_dtensor_zeros(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype dt, int ndim,
+                             const int64_t *shape, const tsr_placement *placements,
+                             tsr_dtensor **out) {
+  TSR_CHECK(dtensor_alloc(mesh, ndim, shape, dt, placements, out));
+  int64_t lshape[TSR_MAX_DIMS];
+  if (!tsr_dtensor_local_shape(mesh, placements, ndim, shape, tsr_rank_id(r), lshape, NULL))
+    return TSR_OK;
+  tsr_status st = tsr_tensor_new(tsr_rank_allocator(r), dt, ndim, lshape, &(*out)->local);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+tsr_status tsr_dtensor_clone(tsr_rank_t *r, const tsr_dtensor *x, tsr_dtensor **out) {
+  TSR_CHECK(dtensor_alloc(x->mesh, x->ndim, x->shape, x->dtype, x->placements, out));
+  if (!x->local) return TSR_OK;
+  tsr_status st =
+      tsr_tensor_new(tsr_rank_allocator(r), x->dtype, x->ndim, x->local->shape, &(*out)->local);
+  if (st == TSR_OK) st = tsr_tensor_copy((*out)->local, x->local);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}

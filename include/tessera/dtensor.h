@@ -90,6 +90,13 @@ tsr_status tsr_dtensor_from_local(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_ten
 /* The full global tensor on every rank of x's mesh (collective over the mesh). */
 tsr_status tsr_dtensor_full_tensor(tsr_rank_t *r, const tsr_dtensor *x, tsr_tensor **out);
 void tsr_dtensor_free(tsr_dtensor *x);
+/* A DTensor of zeros with the given global shape and placements (local from the rank's
+ * allocator; no local off the mesh). */
+tsr_status tsr_dtensor_zeros(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype dt, int ndim,
+                             const int64_t *shape, const tsr_placement *placements,
+                             tsr_dtensor **out);
+/* A deep copy of x (its local cloned). */
+tsr_status tsr_dtensor_clone(tsr_rank_t *r, const tsr_dtensor *x, tsr_dtensor **out);
 
 /* Collective over the ranks of x's mesh and `mesh`. `mesh` is x's mesh, or one of the same
  * shape over disjoint ranks (a cross-mesh move between pipeline stages). Every rank of both

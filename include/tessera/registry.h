@@ -63,6 +63,9 @@ typedef struct tsr_op_rule {
   uint32_t any_input;                      /* bit i set: input i matches any placement */
   int noutputs;
   tsr_placement outputs[TSR_MAX_OP_OUTPUTS]; /* placement of each output on the dim */
+  /* Placement of each input's gradient on the dim. A Replicate input combined with a sharded
+   * one usually gets a Partial gradient (the weight of a batch-sharded matmul). */
+  tsr_placement grads[TSR_MAX_OP_INPUTS];
   /* NULL: the op's own kernel on the local tensors gives the local result (the usual case,
    * e.g. a shard-wise matmul); set for rules that communicate, such as ring attention. */
   tsr_op_local_fn compute;

@@ -1,0 +1,242 @@
+/* The per-rank tape. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tessera/autograd.h"
+
+#define TAPE_MAX_IO 8 /* inputs or outputs of one node */
+
+typedef struct tape_node {
+  const char *op;
+  tsr_var *inputs[TAPE_MAX_IO]; /* (ninputs) borrowed */
+  int ninputs;
+  tsr_var *outputs[TAPE_MAX_IO]; /* (noutputs) borrowed; owned by the tape's var list */
+  int noutputs;
+  tsr_backward_fn backward;
+  void *saved;
+  void (*free_saved)(void *);
+} tape_node;
+
+struct tsr_tape_t {
+  tsr_rank_t *r;
+  bool recording;
+  tape_node *nodes; /* (nnodes) in execution order */
+  int nnodes, node_cap;
+  tsr_var **vars; /* (nvars) every var the tape made */
+  int nvars, var_cap;
+};
+
+tsr_status tsr_tape_new(tsr_rank_t *r, tsr_tape_t **out) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) return TSR_ERROR(TSR_ENOMEM, "out of memory allocating a tape");
+  (*out)->r = r;
+  (*out)->recording = true;
+  return TSR_OK;
+}
+
+static void release_saved(void *saved, void (*free_saved)(void *)) {
+  if (!saved) return;
+  if (free_saved)
+    free_saved(saved);
+  else
+    free(saved);
+}
+
+void tsr_tape_reset(tsr_tape_t *t) {
+  for (int i = 0; i < t->nnodes; i++) release_saved(t->nodes[i].saved, t->nodes[i].free_saved);
+  for (int i = 0; i < t->nvars; i++) tsr_var_free(t->vars[i]);
+  t->nnodes = 0;
+  t->nvars = 0;
+}
+
+void tsr_tape_free(tsr_tape_t *t) {
+  if (!t) return;
+  tsr_tape_reset(t);
+  free(t->nodes);
+  free(t->vars);
+  free(t);
+}
+
+tsr_rank_t *tsr_tape_rank(tsr_tape_t *t) {
+  return t->r;
+}
+void tsr_tape_set_recording(tsr_tape_t *t, bool on) {
+  t->recording = on;
+}
+int tsr_tape_node_count(const tsr_tape_t *t) {
+  return t->nnodes;
+}
+
+tsr_status tsr_var_new_leaf(tsr_dtensor *value, bool requires_grad, const char *name,
+                            tsr_var **out) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) return TSR_ERROR(TSR_ENOMEM, "out of memory allocating a var");
+  (*out)->value = value;
+  (*out)->requires_grad = requires_grad;
+  (*out)->node = -1;
+  (*out)->name = name;
+  return TSR_OK;
+}
+
+void tsr_var_free(tsr_var *v) {
+  if (!v) return;
+  tsr_dtensor_free(v->value);
+  tsr_dtensor_free(v->grad);
+  free(v);
+}
+
+void tsr_var_zero_grad(tsr_var *v) {
+  tsr_dtensor_free(v->grad);
+  v->grad = NULL;
+}
+
+tsr_status tsr_tape_new_var(tsr_tape_t *t, tsr_dtensor *value, tsr_var **out) {
+  *out = NULL;
+  if (t->nvars == t->var_cap) {
+    int cap = t->var_cap ? 2 * t->var_cap : 64;
+    tsr_var **p = realloc(t->vars, sizeof *p * (size_t)cap);
+    if (!p) return TSR_ERROR(TSR_ENOMEM, "out of memory growing the tape");
+    t->vars = p;
+    t->var_cap = cap;
+  }
+  TSR_CHECK(tsr_var_new_leaf(value, false, NULL, out));
+  t->vars[t->nvars++] = *out;
+  return TSR_OK;
+}
+
+tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
+                           tsr_var *const *outputs, int noutputs, tsr_backward_fn backward,
+                           void *saved, void (*free_saved)(void *)) {
+  bool needed = false;
+  for (int i = 0; i < ninputs; i++) needed = needed || inputs[i]->requires_grad;
+  if (!t->recording || !needed) {
+    release_saved(saved, free_saved);
+    return TSR_OK;
+  }
+  if (ninputs > TAPE_MAX_IO || noutputs > TAPE_MAX_IO) {
+    release_saved(saved, free_saved);
+    return TSR_ERROR(TSR_EINVAL, "op '%s' records %d inputs and %d outputs; at most %d each", op,
+                     ninputs, noutputs, TAPE_MAX_IO);
+  }
+  if (t->nnodes == t->node_cap) {
+    int cap = t->node_cap ? 2 * t->node_cap : 64;
+    tape_node *p = realloc(t->nodes, sizeof *p * (size_t)cap);
+    if (!p) {
+      release_saved(saved, free_saved);
+      return TSR_ERROR(TSR_ENOMEM, "out of memory growing the tape");
+    }
+    t->nodes = p;
+    t->node_cap = cap;
+  }
+  tape_node *n = &t->nodes[t->nnodes];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  n->ninputs = ninputs;
+  n->noutputs = noutputs;
+  memcpy(n->inputs, inputs, sizeof *inputs * (size_t)ninputs);
+  memcpy(n->outputs, outputs, sizeof *outputs * (size_t)noutputs);
+  n->backward = backward;
+  n->saved = saved;
+  n->free_saved = free_saved;
+  for (int i = 0; i < noutputs; i++) {
+    outputs[i]->requires_grad = true;
+    outputs[i]->node = t->nnodes;
+  }
+  t->nnodes++;
+  return TSR_OK;
+}
+
+static bool same_layout(const tsr_dtensor *a, const tsr_dtensor *b) {
+  if (!tsr_mesh_equal(a->mesh, b->mesh)) return false;
+  for (int i = 0; i < tsr_mesh_ndim(a->mesh); i++)
+    if (!tsr_placement_equal(a->placements[i], b->placements[i])) return false;
+  return true;
+}
+
+tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad) {
+  if (!v->requires_grad) {
+    tsr_dtensor_free(grad);
+    return TSR_OK;
+  }
+  if (!v->grad) {
+    v->grad = grad;
+    return TSR_OK;
+  }
+  /* Two uses of one value may leave gradients with different placements (e.g. a Partial one and
+   * a Replicate one): bring the new one to the placements already there, then add locally. */
+  tsr_dtensor *g = grad;
+  if (!same_layout(v->grad, grad)) {
+    tsr_status st = tsr_dtensor_redistribute(t->r, grad, v->grad->mesh, v->grad->placements, &g);
+    tsr_dtensor_free(grad);
+    TSR_CHECK(st);
+  }
+  tsr_status st = TSR_OK;
+  if (v->grad->local) {
+    tsr_tensor *a = v->grad->local, *b = g->local;
+    if (a->dtype != TSR_F32 || tsr_tensor_numel(a) != tsr_tensor_numel(b)) {
+      st = TSR_ERROR(TSR_EINTERNAL, "gradient of '%s' accumulates %lld elements into %lld",
+                     v->name ? v->name : "(unnamed)", (long long)tsr_tensor_numel(b),
+                     (long long)tsr_tensor_numel(a));
+    } else {
+      float *pa = tsr_tensor_data(a);
+      const float *pb = tsr_tensor_data(b);
+      for (int64_t i = 0, n = tsr_tensor_numel(a); i < n; i++) pa[i] += pb[i];
+    }
+  }
+  tsr_dtensor_free(g);
+  return st;
+}
+
+tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss) {
+  int64_t n = 1;
+  for (int d = 0; d < loss->value->ndim; d++) n *= loss->value->shape[d];
+  if (n != 1)
+    return TSR_ERROR(TSR_EINVAL, "backward from a var of %lld elements; it needs a scalar loss",
+                     (long long)n);
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(loss->value->mesh); i++) rep[i] = tsr_replicate();
+  tsr_dtensor *seed = NULL;
+  TSR_CHECK(tsr_dtensor_zeros(t->r, loss->value->mesh, TSR_F32, loss->value->ndim,
+                              loss->value->shape, rep, &seed));
+  if (seed->local) *(float *)tsr_tensor_data(seed->local) = 1.0f;
+  return tsr_tape_backward_with(t, loss, seed);
+}
+
+tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad) {
+  bool same = grad->ndim == out->value->ndim;
+  for (int d = 0; same && d < grad->ndim; d++) same = grad->shape[d] == out->value->shape[d];
+  if (!same) {
+    tsr_dtensor_free(grad);
+    return TSR_ERROR(TSR_EINVAL, "backward: the output gradient's shape differs from the output's");
+  }
+  if (!out->requires_grad) {
+    tsr_dtensor_free(grad);
+    return TSR_ERROR(TSR_EINVAL, "backward from a value that depends on no parameter");
+  }
+  TSR_CHECK(tsr_var_accumulate_grad(t, out, grad));
+  for (int i = t->nnodes - 1; i >= 0; i--) {
+    tape_node *node = &t->nodes[i];
+    bool reached = false;
+    for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
+    if (!reached) continue;
+    tsr_status st =
+        node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+    if (st != TSR_OK) return tsr_error_prefix(st, "backward of '%s'", node->op);
+    /* An intermediate's gradient is read only by the node that made it: free it now to keep
+     * backward's memory at one layer's worth. */
+    for (int k = 0; k < node->noutputs; k++) tsr_var_zero_grad(node->outputs[k]);
+  }
+  return TSR_OK;
+}
+
+tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v) {
+  const tsr_dtensor *x = v->value;
+  if (!v->grad)
+    return tsr_dtensor_zeros(t->r, x->mesh, x->dtype, x->ndim, x->shape, x->placements, &v->grad);
+  if (same_layout(v->grad, x)) return TSR_OK;
+  tsr_dtensor *g = NULL;
+  TSR_CHECK(tsr_dtensor_redistribute(t->r, v->grad, x->mesh, x->placements, &g));
+  tsr_dtensor_free(v->grad);
+  v->grad = g;
+  return TSR_OK;
+}

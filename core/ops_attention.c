@@ -1,0 +1,142 @@
+/* Scaled dot-product attention on (B, L, H, D) vars. The kernel works on (B, H, L, D), so the
+ * op transposes in and out; it saves the kernel-layout q/k/v, the output and the log-sum-exp for
+ * backward, so that backward recomputes nothing but the probabilities. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_impl.h"
+
+typedef struct sdpa_saved {
+  tsr_op_placements plan;
+  bool causal;
+  int B, L, Lk, Hq, Hkv, D;
+  int32_t *q_pos, *k_pos; /* (L), (Lk) global positions of the local rows */
+  float *q, *k, *v;       /* (B, H, L, D) */
+  float *out, *lse;       /* (B, Hq, L, D), (B, Hq, L) */
+} sdpa_saved;
+
+static void sdpa_saved_free(void *p) {
+  sdpa_saved *s = p;
+  if (!s) return;
+  free(s->q_pos);
+  free(s->k_pos);
+  free(s->q);
+  free(s->k);
+  free(s->v);
+  free(s->out);
+  free(s->lse);
+  free(s);
+}
+
+static float *fdata(const tsr_dtensor *x) {
+  return tsr_tensor_data(x->local);
+}
+
+/* Global positions of x's local rows along the sequence dim (1). */
+static int32_t *positions(tsr_tape_t *t, const tsr_dtensor *x, int *L) {
+  int64_t lshape[TSR_MAX_DIMS], lstart[TSR_MAX_DIMS];
+  tsr_dtensor_local_shape(x->mesh, x->placements, x->ndim, x->shape, tsr_rank_id(tsr_tape_rank(t)),
+                          lshape, lstart);
+  *L = (int)lshape[1];
+  int32_t *p = malloc(sizeof(int32_t) * (size_t)(*L ? *L : 1));
+  if (p)
+    for (int i = 0; i < *L; i++) p[i] = (int32_t)(lstart[1] + i);
+  return p;
+}
+
+static tsr_status sdpa_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                int nout, void *saved) {
+  sdpa_saved *s = saved;
+  tsr_placement want[TSR_MAX_MESH_DIMS];
+  tsr_op_grad_placements(out[0]->value->mesh, out[0]->value->placements, want);
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dq = NULL, *dk = NULL, *dv = NULL;
+  TSR_CHECK(tsr_op_grad_of(t, out[0], want, &g, &owned));
+  size_t nq = (size_t)s->B * s->Hq * s->L * s->D, nk = (size_t)s->B * s->Hkv * s->Lk * s->D;
+  float *gq = malloc(sizeof(float) * (nq + 2 * nk + nq + 1));
+  tsr_status st = gq ? TSR_OK : TSR_ERROR(TSR_ENOMEM, "out of memory in attention backward");
+  float *gk = gq + nq, *gv = gk + nk, *dout = gv + nk;
+  if (st == TSR_OK) st = tsr_op_new_grad(t, in[0], s->plan.grads[0], &dq);
+  if (st == TSR_OK) st = tsr_op_new_grad(t, in[1], s->plan.grads[1], &dk);
+  if (st == TSR_OK) st = tsr_op_new_grad(t, in[2], s->plan.grads[2], &dv);
+  if (st == TSR_OK && g->local) {
+    memset(gq, 0, sizeof(float) * (nq + 2 * nk));
+    tsr_kernel_blhd_to_bhld(dout, fdata(g), s->B, s->L, s->Hq, s->D);
+    st = tsr_kernel_attention_backward(gq, gk, gv, dout, s->q, s->k, s->v, s->out, s->lse, s->q_pos,
+                                       s->k_pos, s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, s->causal);
+    if (st == TSR_OK) {
+      tsr_kernel_bhld_to_blhd(fdata(dq), gq, s->B, s->L, s->Hq, s->D);
+      tsr_kernel_bhld_to_blhd(fdata(dk), gk, s->B, s->Lk, s->Hkv, s->D);
+      tsr_kernel_bhld_to_blhd(fdata(dv), gv, s->B, s->Lk, s->Hkv, s->D);
+    }
+  }
+  free(gq);
+  tsr_dtensor_free(owned);
+  tsr_dtensor *grads[3] = {dq, dk, dv};
+  for (int i = 0; i < 3; i++) {
+    if (st == TSR_OK) {
+      st = tsr_var_accumulate_grad(t, in[i], grads[i]);
+    } else {
+      tsr_dtensor_free(grads[i]);
+    }
+  }
+  return st;
+}
+
+tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool causal,
+                       tsr_var **out) {
+  TSR_CHECK(tsr_op_check("sdpa", "q", q, TSR_F32, 4));
+  TSR_CHECK(tsr_op_check("sdpa", "k", k, TSR_F32, 4));
+  TSR_CHECK(tsr_op_check("sdpa", "v", v, TSR_F32, 4));
+  const int64_t *qs = q->value->shape, *ks = k->value->shape, *vs = v->value->shape;
+  bool ok = qs[0] == ks[0] && qs[3] == ks[3] && ks[2] > 0 && qs[2] % ks[2] == 0;
+  for (int d = 0; d < 4; d++) ok = ok && ks[d] == vs[d];
+  if (!ok) {
+    char a[128], b[128], c[128];
+    return TSR_ERROR(TSR_EINVAL,
+                     "sdpa: q %s, k %s, v %s (B, L, H, D): k and v must match, and q's heads "
+                     "must be a multiple of k's",
+                     tsr_shape_str(4, qs, a, sizeof a), tsr_shape_str(4, ks, b, sizeof b),
+                     tsr_shape_str(4, vs, c, sizeof c));
+  }
+  tsr_var *in[3] = {q, k, v};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "sdpa", in, 3, 1, &plan));
+  TSR_CHECK(tsr_op_new_output(t, q, 4, qs, plan.outputs[0], out));
+  sdpa_saved *s = calloc(1, sizeof *s);
+  if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
+  s->plan = plan;
+  s->causal = causal;
+  tsr_status st = TSR_OK;
+  if (q->value->local) {
+    const int64_t *ql = q->value->local->shape, *kl = k->value->local->shape;
+    s->B = (int)ql[0];
+    s->Hq = (int)ql[2];
+    s->Hkv = (int)kl[2];
+    s->D = (int)ql[3];
+    s->q_pos = positions(t, q->value, &s->L);
+    s->k_pos = positions(t, k->value, &s->Lk);
+    size_t nq = (size_t)s->B * s->Hq * s->L * s->D, nk = (size_t)s->B * s->Hkv * s->Lk * s->D;
+    s->q = malloc(sizeof(float) * (nq ? nq : 1));
+    s->k = malloc(sizeof(float) * (nk ? nk : 1));
+    s->v = malloc(sizeof(float) * (nk ? nk : 1));
+    s->out = malloc(sizeof(float) * (nq ? nq : 1));
+    s->lse = malloc(sizeof(float) * ((size_t)s->B * s->Hq * s->L + 1));
+    if (!s->q_pos || !s->k_pos || !s->q || !s->k || !s->v || !s->out || !s->lse) {
+      sdpa_saved_free(s);
+      return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
+    }
+    tsr_kernel_blhd_to_bhld(s->q, fdata(q->value), s->B, s->L, s->Hq, s->D);
+    tsr_kernel_blhd_to_bhld(s->k, fdata(k->value), s->B, s->Lk, s->Hkv, s->D);
+    tsr_kernel_blhd_to_bhld(s->v, fdata(v->value), s->B, s->Lk, s->Hkv, s->D);
+    st = tsr_kernel_attention_forward(s->out, s->lse, s->q, s->k, s->v, s->q_pos, s->k_pos, s->B,
+                                      s->Hq, s->Hkv, s->L, s->Lk, s->D, causal);
+    if (st == TSR_OK)
+      tsr_kernel_bhld_to_blhd(fdata((*out)->value), s->out, s->B, s->L, s->Hq, s->D);
+  }
+  if (st != TSR_OK) {
+    sdpa_saved_free(s);
+    return st;
+  }
+  return tsr_tape_record(t, "sdpa", in, 3, out, 1, sdpa_backward, s, sdpa_saved_free);
+}

@@ -1,0 +1,43 @@
+/* Private helpers shared by the op implementations (ops_*.c). */
+#ifndef TESSERA_OPS_IMPL_H
+#define TESSERA_OPS_IMPL_H
+
+#include "tessera/kernels.h"
+#include "tessera/ops.h"
+
+/* Fails with TSR_EINVAL unless `v` is f32 (or `dt`) with `ndim` dims, naming the op and role. */
+tsr_status tsr_op_check(const char *op, const char *role, const tsr_var *v, tsr_dtype dt, int ndim);
+
+/* A new tape var of zeros: global `shape`, placements `p` on x's mesh. */
+tsr_status tsr_op_new_output(tsr_tape_t *t, const tsr_var *like, int ndim, const int64_t *shape,
+                             const tsr_placement *p, tsr_var **out);
+
+/* A zero gradient for `v` with placements `p`. */
+tsr_status tsr_op_new_grad(tsr_tape_t *t, const tsr_var *v, const tsr_placement *p,
+                           tsr_dtensor **out);
+
+/* out's gradient with the placements `want` (redistributed when it arrived otherwise), in *g;
+ * *owned says whether the caller must free it. */
+tsr_status tsr_op_grad_of(tsr_tape_t *t, const tsr_var *out, const tsr_placement *want,
+                          const tsr_dtensor **g, tsr_dtensor **owned);
+
+/* The placements a gradient of a value placed `p` arrives with: Partial becomes Replicate. */
+void tsr_op_grad_placements(const tsr_mesh_t *m, const tsr_placement *p, tsr_placement *out);
+
+/* Product of a local tensor's dims except the last. */
+int64_t tsr_op_rows(const tsr_tensor *t);
+
+/* Plan saved by ops whose backward only needs their placement plan. */
+typedef struct tsr_op_saved_plan {
+  tsr_op_placements plan;
+  float eps;       /* rmsnorm */
+  float theta;     /* rope */
+  tsr_tensor *aux; /* op-specific saved tensor (rmsnorm rstd, attention lse/out), owned */
+  tsr_tensor *aux2;
+  bool causal;
+} tsr_op_saved_plan;
+
+tsr_status tsr_op_saved_new(const tsr_op_placements *plan, tsr_op_saved_plan **out);
+void tsr_op_saved_free(void *p);
+
+#endif

@@ -1,0 +1,353 @@
+/* Neural-network ops: embedding, rmsnorm, linear, rope, swiglu, cross-entropy. Each runs its
+ * kernel (tessera/kernels.h) on the local tensors with the placements tsr_op_plan chose. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_impl.h"
+
+static float *fdata(const tsr_dtensor *x) {
+  return tsr_tensor_data(x->local);
+}
+
+/* Gradient of out[0] as the backward needs it: out's placements with Partial read as Replicate. */
+static tsr_status out_grad(tsr_tape_t *t, tsr_var *const *out, const tsr_dtensor **g,
+                           tsr_dtensor **owned) {
+  tsr_placement want[TSR_MAX_MESH_DIMS];
+  tsr_op_grad_placements(out[0]->value->mesh, out[0]->value->placements, want);
+  return tsr_op_grad_of(t, out[0], want, g, owned);
+}
+
+/* ---- embedding ---- */
+
+static tsr_status embedding_backward(tsr_tape_t *t, tsr_var *const *in, int nin,
+                                     tsr_var *const *out, int nout, void *saved) {
+  tsr_op_saved_plan *s = saved;
+  tsr_var *ids = in[0], *w = in[1];
+  if (!w->requires_grad) return TSR_OK;
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dw = NULL;
+  TSR_CHECK(out_grad(t, out, &g, &owned));
+  tsr_status st = tsr_op_new_grad(t, w, s->plan.grads[1], &dw);
+  if (st == TSR_OK && dw->local) {
+    const tsr_tensor *wl = w->value->local;
+    st = tsr_kernel_embedding_backward(fdata(dw), fdata(g), tsr_tensor_data(ids->value->local),
+                                       (int)tsr_tensor_numel(ids->value->local), (int)wl->shape[0],
+                                       (int)wl->shape[1]);
+  }
+  tsr_dtensor_free(owned);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(dw);
+    return st;
+  }
+  return tsr_var_accumulate_grad(t, w, dw);
+}
+
+tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("embedding", "ids", ids, TSR_I32, 2));
+  TSR_CHECK(tsr_op_check("embedding", "weight", weight, TSR_F32, 2));
+  tsr_var *in[2] = {ids, weight};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "embedding", in, 2, 1, &plan));
+  int64_t shape[3] = {ids->value->shape[0], ids->value->shape[1], weight->value->shape[1]};
+  TSR_CHECK(tsr_op_new_output(t, weight, 3, shape, plan.outputs[0], out));
+  if ((*out)->value->local) {
+    const tsr_tensor *wl = weight->value->local;
+    TSR_CHECK(tsr_kernel_embedding_forward(
+        fdata((*out)->value), tsr_tensor_data(ids->value->local), fdata(weight->value),
+        (int)tsr_tensor_numel(ids->value->local), (int)wl->shape[0], (int)wl->shape[1]));
+  }
+  tsr_op_saved_plan *s;
+  TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  return tsr_tape_record(t, "embedding", in, 2, out, 1, embedding_backward, s, tsr_op_saved_free);
+}
+
+/* ---- rmsnorm ---- */
+
+static tsr_status rmsnorm_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                   int nout, void *saved) {
+  tsr_op_saved_plan *s = saved;
+  tsr_var *x = in[0], *w = in[1];
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dx = NULL, *dw = NULL;
+  TSR_CHECK(out_grad(t, out, &g, &owned));
+  tsr_status st = tsr_op_new_grad(t, x, s->plan.grads[0], &dx);
+  if (st == TSR_OK) st = tsr_op_new_grad(t, w, s->plan.grads[1], &dw);
+  if (st == TSR_OK && dx->local) {
+    const tsr_tensor *xl = x->value->local;
+    int C = (int)xl->shape[xl->ndim - 1];
+    tsr_kernel_rmsnorm_backward(fdata(dx), fdata(dw), fdata(g), fdata(x->value), fdata(w->value),
+                                tsr_tensor_data(s->aux), (int)tsr_op_rows(xl), C);
+  }
+  tsr_dtensor_free(owned);
+  if (st == TSR_OK) {
+    st = tsr_var_accumulate_grad(t, x, dx);
+    dx = NULL;
+  }
+  if (st == TSR_OK) {
+    st = tsr_var_accumulate_grad(t, w, dw);
+    dw = NULL;
+  }
+  tsr_dtensor_free(dx);
+  tsr_dtensor_free(dw);
+  return st;
+}
+
+tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("rmsnorm", "x", x, TSR_F32, -1));
+  TSR_CHECK(tsr_op_check("rmsnorm", "weight", weight, TSR_F32, 1));
+  const tsr_dtensor *xv = x->value;
+  if (xv->ndim < 1 || xv->shape[xv->ndim - 1] != weight->value->shape[0])
+    return TSR_ERROR(TSR_EINVAL, "rmsnorm: weight '%s' has %lld entries for a last dim of %lld",
+                     weight->name ? weight->name : "", (long long)weight->value->shape[0],
+                     (long long)(xv->ndim ? xv->shape[xv->ndim - 1] : 0));
+  tsr_var *in[2] = {x, weight};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "rmsnorm", in, 2, 1, &plan));
+  TSR_CHECK(tsr_op_new_output(t, x, xv->ndim, xv->shape, plan.outputs[0], out));
+  tsr_op_saved_plan *s;
+  TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  s->eps = eps;
+  if (xv->local) {
+    int64_t rows = tsr_op_rows(xv->local);
+    tsr_status st =
+        tsr_tensor_new(tsr_rank_allocator(tsr_tape_rank(t)), TSR_F32, 1, &rows, &s->aux);
+    if (st != TSR_OK) {
+      tsr_op_saved_free(s);
+      return st;
+    }
+    tsr_kernel_rmsnorm_forward(fdata((*out)->value), tsr_tensor_data(s->aux), fdata(xv),
+                               fdata(weight->value), (int)rows, (int)xv->local->shape[xv->ndim - 1],
+                               eps);
+  }
+  return tsr_tape_record(t, "rmsnorm", in, 2, out, 1, rmsnorm_backward, s, tsr_op_saved_free);
+}
+
+/* ---- linear ---- */
+
+static tsr_status linear_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                  int nout, void *saved) {
+  tsr_op_saved_plan *s = saved;
+  tsr_var *x = in[0], *w = in[1];
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dx = NULL, *dw = NULL;
+  TSR_CHECK(out_grad(t, out, &g, &owned));
+  tsr_status st = TSR_OK;
+  if (x->requires_grad) st = tsr_op_new_grad(t, x, s->plan.grads[0], &dx);
+  if (st == TSR_OK && w->requires_grad) st = tsr_op_new_grad(t, w, s->plan.grads[1], &dw);
+  if (st == TSR_OK && g->local) {
+    const tsr_tensor *xl = x->value->local, *wl = w->value->local;
+    tsr_kernel_matmul_backward(dx ? fdata(dx) : NULL, dw ? fdata(dw) : NULL, NULL, fdata(g),
+                               fdata(x->value), fdata(w->value), (int)tsr_op_rows(xl),
+                               (int)wl->shape[1], (int)wl->shape[0]);
+  }
+  tsr_dtensor_free(owned);
+  if (st == TSR_OK && dx) {
+    st = tsr_var_accumulate_grad(t, x, dx);
+    dx = NULL;
+  }
+  if (st == TSR_OK && dw) {
+    st = tsr_var_accumulate_grad(t, w, dw);
+    dw = NULL;
+  }
+  tsr_dtensor_free(dx);
+  tsr_dtensor_free(dw);
+  return st;
+}
+
+tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("linear", "x", x, TSR_F32, -1));
+  TSR_CHECK(tsr_op_check("linear", "weight", weight, TSR_F32, 2));
+  const tsr_dtensor *xv = x->value, *wv = weight->value;
+  if (xv->ndim < 1 || xv->shape[xv->ndim - 1] != wv->shape[1]) {
+    char a[128], b[128];
+    return TSR_ERROR(TSR_EINVAL, "linear: input %s does not match weight '%s' %s (out, in)",
+                     tsr_shape_str(xv->ndim, xv->shape, a, sizeof a),
+                     weight->name ? weight->name : "", tsr_shape_str(2, wv->shape, b, sizeof b));
+  }
+  tsr_var *in[2] = {x, weight};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "linear", in, 2, 1, &plan));
+  int64_t shape[TSR_MAX_DIMS];
+  memcpy(shape, xv->shape, sizeof shape);
+  shape[xv->ndim - 1] = wv->shape[0];
+  TSR_CHECK(tsr_op_new_output(t, x, xv->ndim, shape, plan.outputs[0], out));
+  const tsr_dtensor *ov = (*out)->value;
+  if (ov->local) {
+    const tsr_tensor *xl = xv->local, *wl = wv->local;
+    if (xl->shape[xl->ndim - 1] != wl->shape[1] || ov->local->shape[xl->ndim - 1] != wl->shape[0])
+      return TSR_ERROR(TSR_EINTERNAL,
+                       "linear: the placements planned for '%s' give local shapes "
+                       "that do not multiply",
+                       weight->name ? weight->name : "");
+    tsr_kernel_matmul_forward(fdata(ov), fdata(xv), fdata(wv), NULL, (int)tsr_op_rows(xl),
+                              (int)wl->shape[1], (int)wl->shape[0]);
+  }
+  tsr_op_saved_plan *s;
+  TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  return tsr_tape_record(t, "linear", in, 2, out, 1, linear_backward, s, tsr_op_saved_free);
+}
+
+/* ---- rope ---- */
+
+/* cos/sin tables for x's local rows: positions are the global offset of its sequence shard. */
+static tsr_status rope_tables(tsr_tape_t *t, const tsr_dtensor *x, float theta, tsr_tensor **cs,
+                              tsr_tensor **sn) {
+  int64_t lshape[TSR_MAX_DIMS], lstart[TSR_MAX_DIMS];
+  tsr_dtensor_local_shape(x->mesh, x->placements, x->ndim, x->shape, tsr_rank_id(tsr_tape_rank(t)),
+                          lshape, lstart);
+  int L = (int)lshape[1], D = (int)lshape[3];
+  int64_t tshape[2] = {L, D};
+  int32_t *pos = malloc(sizeof(int32_t) * (size_t)(L ? L : 1));
+  if (!pos) return TSR_ERROR(TSR_ENOMEM, "out of memory for rope positions");
+  for (int i = 0; i < L; i++) pos[i] = (int32_t)(lstart[1] + i);
+  tsr_status st = tsr_tensor_new(NULL, TSR_F32, 2, tshape, cs);
+  if (st == TSR_OK) st = tsr_tensor_new(NULL, TSR_F32, 2, tshape, sn);
+  if (st == TSR_OK)
+    st = tsr_kernel_rope_tables(tsr_tensor_data(*cs), tsr_tensor_data(*sn), pos, L, D, theta);
+  free(pos);
+  return st;
+}
+
+static tsr_status rope_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                int nout, void *saved) {
+  tsr_op_saved_plan *s = saved;
+  tsr_var *x = in[0];
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dx = NULL;
+  TSR_CHECK(out_grad(t, out, &g, &owned));
+  tsr_status st = tsr_op_new_grad(t, x, s->plan.grads[0], &dx);
+  if (st == TSR_OK && dx->local) {
+    const int64_t *ls = x->value->local->shape;
+    tsr_kernel_rope_backward(fdata(dx), fdata(g), tsr_tensor_data(s->aux), tsr_tensor_data(s->aux2),
+                             (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
+  }
+  tsr_dtensor_free(owned);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(dx);
+    return st;
+  }
+  return tsr_var_accumulate_grad(t, x, dx);
+}
+
+tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("rope", "x", x, TSR_F32, 4));
+  if (x->value->shape[3] % 2)
+    return TSR_ERROR(TSR_EINVAL, "rope: head dim %lld is odd; rotary embedding needs it even",
+                     (long long)x->value->shape[3]);
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "rope", &x, 1, 1, &plan));
+  TSR_CHECK(tsr_op_new_output(t, x, 4, x->value->shape, plan.outputs[0], out));
+  tsr_op_saved_plan *s;
+  TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  s->theta = theta;
+  if (x->value->local) {
+    tsr_status st = rope_tables(t, x->value, theta, &s->aux, &s->aux2);
+    if (st != TSR_OK) {
+      tsr_op_saved_free(s);
+      return st;
+    }
+    const int64_t *ls = x->value->local->shape;
+    tsr_kernel_rope_forward(fdata((*out)->value), fdata(x->value), tsr_tensor_data(s->aux),
+                            tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2],
+                            (int)ls[3]);
+  }
+  return tsr_tape_record(t, "rope", &x, 1, out, 1, rope_backward, s, tsr_op_saved_free);
+}
+
+/* ---- swiglu ---- */
+
+static tsr_status swiglu_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                  int nout, void *saved) {
+  tsr_op_saved_plan *s = saved;
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dg = NULL, *du = NULL;
+  TSR_CHECK(out_grad(t, out, &g, &owned));
+  tsr_status st = tsr_op_new_grad(t, in[0], s->plan.grads[0], &dg);
+  if (st == TSR_OK) st = tsr_op_new_grad(t, in[1], s->plan.grads[1], &du);
+  if (st == TSR_OK && dg->local)
+    tsr_kernel_swiglu_backward(fdata(dg), fdata(du), fdata(g), fdata(in[0]->value),
+                               fdata(in[1]->value), tsr_tensor_numel(dg->local));
+  tsr_dtensor_free(owned);
+  if (st == TSR_OK) {
+    st = tsr_var_accumulate_grad(t, in[0], dg);
+    dg = NULL;
+  }
+  if (st == TSR_OK) {
+    st = tsr_var_accumulate_grad(t, in[1], du);
+    du = NULL;
+  }
+  tsr_dtensor_free(dg);
+  tsr_dtensor_free(du);
+  return st;
+}
+
+tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("swiglu", "gate", gate, TSR_F32, -1));
+  TSR_CHECK(tsr_op_check("swiglu", "up", up, TSR_F32, gate->value->ndim));
+  for (int d = 0; d < gate->value->ndim; d++)
+    if (gate->value->shape[d] != up->value->shape[d])
+      return TSR_ERROR(TSR_EINVAL, "swiglu: dim %d is %lld in gate and %lld in up", d,
+                       (long long)gate->value->shape[d], (long long)up->value->shape[d]);
+  tsr_var *in[2] = {gate, up};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "swiglu", in, 2, 1, &plan));
+  TSR_CHECK(
+      tsr_op_new_output(t, gate, gate->value->ndim, gate->value->shape, plan.outputs[0], out));
+  if ((*out)->value->local)
+    tsr_kernel_swiglu_forward(fdata((*out)->value), fdata(gate->value), fdata(up->value),
+                              tsr_tensor_numel((*out)->value->local));
+  tsr_op_saved_plan *s;
+  TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  return tsr_tape_record(t, "swiglu", in, 2, out, 1, swiglu_backward, s, tsr_op_saved_free);
+}
+
+/* ---- cross-entropy ---- */
+
+static tsr_status cross_entropy_backward(tsr_tape_t *t, tsr_var *const *in, int nin,
+                                         tsr_var *const *out, int nout, void *saved) {
+  tsr_op_saved_plan *s = saved;
+  tsr_var *logits = in[0], *labels = in[1];
+  const tsr_dtensor *g;
+  tsr_dtensor *owned, *dl = NULL;
+  TSR_CHECK(out_grad(t, out, &g, &owned));
+  tsr_status st = tsr_op_new_grad(t, logits, s->plan.grads[0], &dl);
+  if (st == TSR_OK && dl->local) {
+    const tsr_tensor *ll = logits->value->local;
+    float loss;
+    int V = (int)ll->shape[2];
+    st = tsr_kernel_cross_entropy(&loss, NULL, fdata(dl), fdata(logits->value),
+                                  tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll), V,
+                                  *fdata(g));
+  }
+  tsr_dtensor_free(owned);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(dl);
+    return st;
+  }
+  return tsr_var_accumulate_grad(t, logits, dl);
+}
+
+tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("cross_entropy", "logits", logits, TSR_F32, 3));
+  TSR_CHECK(tsr_op_check("cross_entropy", "labels", labels, TSR_I32, 2));
+  const tsr_dtensor *lv = logits->value;
+  if (labels->value->shape[0] != lv->shape[0] || labels->value->shape[1] != lv->shape[1])
+    return TSR_ERROR(TSR_EINVAL, "cross_entropy: labels [%lld, %lld] for logits [%lld, %lld, V]",
+                     (long long)labels->value->shape[0], (long long)labels->value->shape[1],
+                     (long long)lv->shape[0], (long long)lv->shape[1]);
+  tsr_var *in[2] = {logits, labels};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "cross_entropy", in, 2, 1, &plan));
+  TSR_CHECK(tsr_op_new_output(t, logits, 0, NULL, plan.outputs[0], out));
+  if ((*out)->value->local) {
+    const tsr_tensor *ll = lv->local;
+    TSR_CHECK(tsr_kernel_cross_entropy(fdata((*out)->value), NULL, NULL, fdata(lv),
+                                       tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll),
+                                       (int)ll->shape[2], 1.0f));
+  }
+  tsr_op_saved_plan *s;
+  TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  return tsr_tape_record(t, "cross_entropy", in, 2, out, 1, cross_entropy_backward, s,
+                         tsr_op_saved_free);
+}

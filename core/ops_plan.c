@@ -1,0 +1,278 @@
+/* Op placement planning and the structural ops: view, add, redistribute. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ops_impl.h"
+
+static const tsr_mesh_t *mesh_of(const tsr_var *v) {
+  return v->value->mesh;
+}
+
+tsr_status tsr_op_check(const char *op, const char *role, const tsr_var *v, tsr_dtype dt,
+                        int ndim) {
+  const tsr_dtensor *x = v->value;
+  if (x->dtype != dt)
+    return TSR_ERROR(TSR_EINVAL, "%s: %s '%s' is %s; the op takes %s", op, role,
+                     v->name ? v->name : "", tsr_dtype_name(x->dtype), tsr_dtype_name(dt));
+  if (ndim >= 0 && x->ndim != ndim) {
+    char b[128];
+    return TSR_ERROR(TSR_EINVAL, "%s: %s '%s' has shape %s; the op takes %d dims", op, role,
+                     v->name ? v->name : "", tsr_shape_str(x->ndim, x->shape, b, sizeof b), ndim);
+  }
+  return TSR_OK;
+}
+
+tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
+                       int noutputs, tsr_op_placements *plan) {
+  memset(plan, 0, sizeof *plan);
+  const tsr_mesh_t *m = mesh_of(inputs[0]);
+  for (int j = 1; j < ninputs; j++)
+    if (!tsr_mesh_equal(mesh_of(inputs[j]), m)) {
+      char a[128], b[128];
+      return TSR_ERROR(TSR_EINVAL,
+                       "%s: input %d is on mesh %s but input 0 on %s; redistribute it first", op, j,
+                       tsr_mesh_str(mesh_of(inputs[j]), a, sizeof a), tsr_mesh_str(m, b, sizeof b));
+    }
+  const tsr_registry_t *reg = tsr_rank_registry(tsr_tape_rank(t));
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) {
+    for (int k = 0; k < noutputs; k++) plan->outputs[k][i] = tsr_replicate();
+    for (int j = 0; j < ninputs; j++) plan->grads[j][i] = tsr_replicate();
+    if (tsr_mesh_dim_size(m, i) == 1) continue;
+    tsr_placement in[TSR_MAX_OP_INPUTS];
+    bool all_replicate = true;
+    for (int j = 0; j < ninputs; j++) {
+      in[j] = inputs[j]->value->placements[i];
+      all_replicate = all_replicate && in[j].kind == TSR_REPLICATE;
+    }
+    const tsr_op_rule *rule =
+        reg ? tsr_registry_find_op_rule(reg, op, tsr_mesh_dim_name(m, i), ninputs, in) : NULL;
+    if (rule) {
+      plan->rules[i] = rule;
+      for (int k = 0; k < noutputs && k < rule->noutputs; k++)
+        plan->outputs[k][i] = rule->outputs[k];
+      for (int j = 0; j < ninputs; j++) plan->grads[j][i] = rule->grads[j];
+      continue;
+    }
+    /* The core's generic rule: replicated inputs compute the same thing on every rank. */
+    if (all_replicate) continue;
+    char desc[256] = "";
+    size_t at = 0;
+    for (int j = 0; j < ninputs && at < sizeof desc; j++) {
+      char b[32];
+      at += (size_t)snprintf(desc + at, sizeof desc - at, "%s%s", j ? ", " : "",
+                             tsr_placement_str(in[j], b, sizeof b));
+    }
+    return TSR_ERROR(TSR_ENOTSUP,
+                     "no sharding rule for op '%s' on mesh dim '%s' (size %d) with inputs (%s): "
+                     "load the strategy that owns '%s', or redistribute the inputs",
+                     op, tsr_mesh_dim_name(m, i), tsr_mesh_dim_size(m, i), desc,
+                     tsr_mesh_dim_name(m, i));
+  }
+  return TSR_OK;
+}
+
+tsr_status tsr_op_new_output(tsr_tape_t *t, const tsr_var *like, int ndim, const int64_t *shape,
+                             const tsr_placement *p, tsr_var **out) {
+  tsr_dtensor *d = NULL;
+  TSR_CHECK(tsr_dtensor_zeros(tsr_tape_rank(t), mesh_of(like), TSR_F32, ndim, shape, p, &d));
+  tsr_status st = tsr_tape_new_var(t, d, out);
+  if (st != TSR_OK) tsr_dtensor_free(d);
+  return st;
+}
+
+tsr_status tsr_op_new_grad(tsr_tape_t *t, const tsr_var *v, const tsr_placement *p,
+                           tsr_dtensor **out) {
+  const tsr_dtensor *x = v->value;
+  return tsr_dtensor_zeros(tsr_tape_rank(t), x->mesh, TSR_F32, x->ndim, x->shape, p, out);
+}
+
+void tsr_op_grad_placements(const tsr_mesh_t *m, const tsr_placement *p, tsr_placement *out) {
+  for (int i = 0; i < tsr_mesh_ndim(m); i++)
+    out[i] = p[i].kind == TSR_PARTIAL ? tsr_replicate() : p[i];
+}
+
+tsr_status tsr_op_grad_of(tsr_tape_t *t, const tsr_var *out, const tsr_placement *want,
+                          const tsr_dtensor **g, tsr_dtensor **owned) {
+  *owned = NULL;
+  *g = out->grad;
+  bool same = tsr_mesh_equal(out->grad->mesh, mesh_of(out));
+  for (int i = 0; same && i < tsr_mesh_ndim(mesh_of(out)); i++)
+    same = tsr_placement_equal(out->grad->placements[i], want[i]);
+  if (same) return TSR_OK;
+  TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), out->grad, mesh_of(out), want, owned));
+  *g = *owned;
+  return TSR_OK;
+}
+
+int64_t tsr_op_rows(const tsr_tensor *t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim - 1; d++) n *= t->shape[d];
+  return n;
+}
+
+tsr_status tsr_op_saved_new(const tsr_op_placements *plan, tsr_op_saved_plan **out) {
+  *out = calloc(1, sizeof **out);
+  if (!*out) return TSR_ERROR(TSR_ENOMEM, "out of memory saving an op for backward");
+  if (plan) (*out)->plan = *plan;
+  return TSR_OK;
+}
+
+void tsr_op_saved_free(void *p) {
+  tsr_op_saved_plan *s = p;
+  if (!s) return;
+  tsr_tensor_free(s->aux);
+  tsr_tensor_free(s->aux2);
+  free(s);
+}
+
+/* Accumulates a copy of `g` into v's gradient. */
+static tsr_status accumulate_copy(tsr_tape_t *t, tsr_var *v, const tsr_dtensor *g) {
+  if (!v->requires_grad) return TSR_OK;
+  tsr_dtensor *c = NULL;
+  TSR_CHECK(tsr_dtensor_clone(tsr_tape_rank(t), g, &c));
+  return tsr_var_accumulate_grad(t, v, c);
+}
+
+/* ---- add ---- */
+
+static tsr_status add_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                               int nout, void *saved) {
+  tsr_placement want[TSR_MAX_MESH_DIMS];
+  tsr_op_grad_placements(mesh_of(out[0]), out[0]->value->placements, want);
+  const tsr_dtensor *g;
+  tsr_dtensor *owned;
+  TSR_CHECK(tsr_op_grad_of(t, out[0], want, &g, &owned));
+  tsr_status st = accumulate_copy(t, in[0], g);
+  if (st == TSR_OK) st = accumulate_copy(t, in[1], g);
+  tsr_dtensor_free(owned);
+  return st;
+}
+
+tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out) {
+  TSR_CHECK(tsr_op_check("add", "a", a, TSR_F32, -1));
+  TSR_CHECK(tsr_op_check("add", "b", b, TSR_F32, a->value->ndim));
+  for (int d = 0; d < a->value->ndim; d++)
+    if (a->value->shape[d] != b->value->shape[d])
+      return TSR_ERROR(TSR_EINVAL, "add: dim %d is %lld in a and %lld in b", d,
+                       (long long)a->value->shape[d], (long long)b->value->shape[d]);
+  tsr_var *in[2] = {a, b};
+  tsr_op_placements plan;
+  TSR_CHECK(tsr_op_plan(t, "add", in, 2, 1, &plan));
+  TSR_CHECK(tsr_op_new_output(t, a, a->value->ndim, a->value->shape, plan.outputs[0], out));
+  if ((*out)->value->local) {
+    float *o = tsr_tensor_data((*out)->value->local);
+    const float *pa = tsr_tensor_data(a->value->local), *pb = tsr_tensor_data(b->value->local);
+    for (int64_t i = 0, n = tsr_tensor_numel((*out)->value->local); i < n; i++)
+      o[i] = pa[i] + pb[i];
+  }
+  return tsr_tape_record(t, "add", in, 2, out, 1, add_backward, NULL, NULL);
+}
+
+/* ---- view ---- */
+
+/* The first dim where the old and new shapes differ: dims before it keep their placements. */
+static int first_diff(const tsr_dtensor *x, int ndim, const int64_t *shape) {
+  int k = 0;
+  while (k < x->ndim && k < ndim && x->shape[k] == shape[k]) k++;
+  return k;
+}
+
+static tsr_status view_placements(const tsr_dtensor *x, int ndim, const int64_t *shape,
+                                  tsr_placement *p) {
+  int k = first_diff(x, ndim, shape), sharders = 0;
+  int64_t new_k = k < ndim ? shape[k] : 1, inner = 1, old_inner = 1;
+  for (int d = k + 1; d < ndim; d++) inner *= shape[d];
+  for (int d = k + 1; d < x->ndim; d++) old_inner *= x->shape[d];
+  for (int i = 0; i < tsr_mesh_ndim(x->mesh); i++) {
+    p[i] = x->placements[i];
+    int n = tsr_mesh_dim_size(x->mesh, i);
+    if (p[i].kind != TSR_SHARD || p[i].dim < k || n == 1) continue;
+    /* A shard of the first reshaped dim survives a split or merge of it when every rank's rows
+     * are exactly its chunk of the new dim; anything else needs a gather first. */
+    bool ok = p[i].dim == k && ++sharders == 1 && k < x->ndim;
+    for (int c = 0; ok && c < n; c++)
+      ok = tsr_chunk_size(x->shape[k], n, c) * old_inner == tsr_chunk_size(new_k, n, c) * inner;
+    if (!ok) {
+      char a[128], b[128], c[32];
+      return TSR_ERROR(TSR_ENOTSUP,
+                       "view of %s as %s: placement %s on mesh dim '%s' does not map to the new "
+                       "shape; redistribute first",
+                       tsr_shape_str(x->ndim, x->shape, a, sizeof a),
+                       tsr_shape_str(ndim, shape, b, sizeof b),
+                       tsr_placement_str(p[i], c, sizeof c), tsr_mesh_dim_name(x->mesh, i));
+    }
+  }
+  return TSR_OK;
+}
+
+static tsr_status view_to(tsr_tape_t *t, const tsr_dtensor *x, int ndim, const int64_t *shape,
+                          tsr_dtensor **out) {
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  TSR_CHECK(view_placements(x, ndim, shape, p));
+  TSR_CHECK(tsr_dtensor_zeros(tsr_tape_rank(t), x->mesh, x->dtype, ndim, shape, p, out));
+  if (!x->local) return TSR_OK;
+  if (tsr_tensor_numel((*out)->local) != tsr_tensor_numel(x->local)) {
+    tsr_dtensor_free(*out);
+    *out = NULL;
+    return TSR_ERROR(TSR_EINTERNAL, "view: local sizes disagree");
+  }
+  memcpy(tsr_tensor_data((*out)->local), tsr_tensor_data(x->local), tsr_tensor_nbytes(x->local));
+  return TSR_OK;
+}
+
+static tsr_status view_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                int nout, void *saved) {
+  tsr_dtensor *g = NULL;
+  TSR_CHECK(view_to(t, out[0]->grad, in[0]->value->ndim, in[0]->value->shape, &g));
+  return tsr_var_accumulate_grad(t, in[0], g);
+}
+
+tsr_status tsr_op_view(tsr_tape_t *t, tsr_var *x, int ndim, const int64_t *shape, tsr_var **out) {
+  int64_t a = 1, b = 1;
+  for (int d = 0; d < x->value->ndim; d++) a *= x->value->shape[d];
+  for (int d = 0; d < ndim; d++) b *= shape[d];
+  if (a != b || ndim > TSR_MAX_DIMS) {
+    char s1[128], s2[128];
+    return TSR_ERROR(TSR_EINVAL, "view of %s (%lld elements) as %s (%lld elements)",
+                     tsr_shape_str(x->value->ndim, x->value->shape, s1, sizeof s1), (long long)a,
+                     tsr_shape_str(ndim, shape, s2, sizeof s2), (long long)b);
+  }
+  tsr_dtensor *y = NULL;
+  TSR_CHECK(view_to(t, x->value, ndim, shape, &y));
+  tsr_status st = tsr_tape_new_var(t, y, out);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(y);
+    return st;
+  }
+  return tsr_tape_record(t, "view", &x, 1, out, 1, view_backward, NULL, NULL);
+}
+
+/* ---- redistribute ---- */
+
+typedef struct redist_saved {
+  const tsr_mesh_t *mesh;
+  tsr_placement placements[TSR_MAX_MESH_DIMS];
+} redist_saved;
+
+static tsr_status redistribute_backward(tsr_tape_t *t, tsr_var *const *in, int nin,
+                                        tsr_var *const *out, int nout, void *saved) {
+  redist_saved *s = saved;
+  tsr_dtensor *g = NULL;
+  TSR_CHECK(
+      tsr_dtensor_redistribute_adjoint(tsr_tape_rank(t), out[0]->grad, s->mesh, s->placements, &g));
+  return tsr_var_accumulate_grad(t, in[0], g);
+}
+
+tsr_status tsr_op_redistribute(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,
+                               const tsr_placement *placements, tsr_var **out) {
+  tsr_dtensor *y = NULL;
+  TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), x->value, mesh, placements, &y));
+  TSR_CHECK(tsr_tape_new_var(t, y, out));
+  (*out)->name = x->name;
+  redist_saved *s = malloc(sizeof *s);
+  if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving a redistribute");
+  s->mesh = x->value->mesh;
+  memcpy(s->placements, x->value->placements, sizeof s->placements);
+  return tsr_tape_record(t, "redistribute", &x, 1, out, 1, redistribute_backward, s, NULL);
+}

@@ -1,0 +1,361 @@
+/* Llama (Hugging Face LlamaForCausalLM semantics) written against the public API only.
+ *
+ * Reads top to bottom: config checks, parameter layout (one allocation per rank, every
+ * parameter's local tensor a view into it), deterministic initialisation, forward. The parallel
+ * strategies never appear here: they reach the model through the module styles that place its
+ * parameters and activations, and through the op rules the ops consult.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llama.h"
+#include "tessera/ops.h"
+#include "tessera/registry.h"
+
+#define NAME_LEN 96
+
+/* One decoder layer's parameters (vars owned by the model). */
+typedef struct llama_layer {
+  tsr_var *input_layernorm;          /* (C) */
+  tsr_var *q_proj;                   /* (H*D, C) */
+  tsr_var *k_proj;                   /* (Hkv*D, C) */
+  tsr_var *v_proj;                   /* (Hkv*D, C) */
+  tsr_var *o_proj;                   /* (C, H*D) */
+  tsr_var *post_attention_layernorm; /* (C) */
+  tsr_var *gate_proj;                /* (I, C) */
+  tsr_var *up_proj;                  /* (I, C) */
+  tsr_var *down_proj;                /* (C, I) */
+} llama_layer;
+
+struct tsr_llama_t {
+  tsr_rank_t *r;
+  const tsr_mesh_t *mesh;
+  tsr_llama_config cfg;
+  int head_dim;
+  tsr_var *embed_tokens; /* (V, C) */
+  llama_layer *layers;   /* (num_hidden_layers) */
+  tsr_var *norm;         /* (C) */
+  tsr_var *lm_head;      /* (V, C); NULL when tied to embed_tokens */
+  int nparams;
+  tsr_var **params;        /* (nparams) in HF order, pointing at the fields above */
+  char (*names)[NAME_LEN]; /* (nparams) */
+  tsr_tensor *storage;     /* every parameter's local tensor is a view into this */
+};
+
+tsr_status tsr_llama_config_check(const tsr_llama_config *c) {
+  struct {
+    const char *key;
+    int value;
+  } sizes[] = {{"vocab_size", c->vocab_size},
+               {"hidden_size", c->hidden_size},
+               {"intermediate_size", c->intermediate_size},
+               {"num_hidden_layers", c->num_hidden_layers},
+               {"num_attention_heads", c->num_attention_heads},
+               {"num_key_value_heads", c->num_key_value_heads}};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i].value < 1)
+      return TSR_ERROR(TSR_EINVAL, "[model] %s = %d; it must be >= 1", sizes[i].key,
+                       sizes[i].value);
+  if (c->hidden_size % c->num_attention_heads)
+    return TSR_ERROR(TSR_EINVAL,
+                     "[model] hidden_size = %d is not a multiple of num_attention_heads = %d; "
+                     "the head dim is hidden_size / num_attention_heads",
+                     c->hidden_size, c->num_attention_heads);
+  if (c->num_attention_heads % c->num_key_value_heads)
+    return TSR_ERROR(TSR_EINVAL,
+                     "[model] num_attention_heads = %d is not a multiple of num_key_value_heads = "
+                     "%d (grouped-query attention shares each kv head among a whole group)",
+                     c->num_attention_heads, c->num_key_value_heads);
+  if ((c->hidden_size / c->num_attention_heads) % 2)
+    return TSR_ERROR(TSR_EINVAL,
+                     "[model] head dim %d (hidden_size / num_attention_heads) is odd; "
+                     "rotary embedding needs it even",
+                     c->hidden_size / c->num_attention_heads);
+  if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0))
+    return TSR_ERROR(TSR_EINVAL, "[model] rms_norm_eps and rope_theta must be > 0");
+  return TSR_OK;
+}
+
+int64_t tsr_llama_num_params(const tsr_llama_config *c) {
+  int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
+  int64_t D = C / c->num_attention_heads, kv = (int64_t)c->num_key_value_heads * D;
+  int64_t layer = 2 * C * C + 2 * kv * C + 3 * I * C + 2 * C;
+  return V * C + c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
+}
+
+/* ---- parameter layout ---- */
+
+typedef enum param_init { INIT_NORMAL = 0, INIT_ONES = 1 } param_init;
+
+typedef struct param_spec {
+  tsr_var **slot;
+  const char *style; /* module style that places it */
+  int ndim;
+  int64_t shape[2];
+  param_init init;
+} param_spec;
+
+/* Placement of a parameter on every mesh dim: what the dim's strategy registered for the
+ * module style, Replicate where none did. */
+static void param_placements(const tsr_llama_t *m, const char *style, tsr_placement *p) {
+  const tsr_registry_t *reg = tsr_rank_registry(m->r);
+  for (int i = 0; i < tsr_mesh_ndim(m->mesh); i++) {
+    const tsr_module_style *s =
+        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(m->mesh, i)) : NULL;
+    p[i] = tsr_module_style_param(s, "weight");
+  }
+}
+
+/* Counter-based normal samples: the value of element k of parameter `index` depends only on
+ * (seed, index, k), so every mesh initialises the same model. */
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+static double uniform01(uint64_t seed, uint64_t index, uint64_t k) {
+  uint64_t h = splitmix64(seed ^ splitmix64(index * 0x100000001b3ull + k));
+  return ((double)(h >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
+}
+
+static void fill_init(tsr_tensor *full, param_init init, uint64_t seed, uint64_t index) {
+  float *p = tsr_tensor_data(full);
+  int64_t n = tsr_tensor_numel(full);
+  for (int64_t k = 0; k < n; k++) {
+    if (init == INIT_ONES) {
+      p[k] = 1.0f;
+      continue;
+    }
+    double u1 = uniform01(seed, index, 2 * (uint64_t)k),
+           u2 = uniform01(seed, index, 2 * (uint64_t)k + 1);
+    p[k] = (float)(0.02 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+  }
+}
+
+static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, uint64_t seed) {
+  tsr_placement(*pl)[TSR_MAX_MESH_DIMS] = malloc(sizeof *pl * (size_t)n);
+  int64_t(*ls)[TSR_MAX_DIMS] = malloc(sizeof *ls * (size_t)n);
+  int64_t total = 0;
+  tsr_status st = TSR_OK;
+  tsr_tensor *full = NULL, *piece = NULL;
+  tsr_dtensor *dist = NULL;
+  if (!pl || !ls) {
+    st = TSR_ERROR(TSR_ENOMEM, "out of memory laying out %d parameters", n);
+    goto cleanup;
+  }
+  for (int i = 0; i < n; i++) {
+    param_placements(m, specs[i].style, pl[i]);
+    TSR_CHECK_GOTO(tsr_dtensor_check_placements(m->mesh, pl[i], specs[i].ndim), st);
+    if (!tsr_dtensor_local_shape(m->mesh, pl[i], specs[i].ndim, specs[i].shape, tsr_rank_id(m->r),
+                                 ls[i], NULL)) {
+      st = TSR_ERROR(TSR_EINVAL, "rank %d is not in the model's mesh", tsr_rank_id(m->r));
+      goto cleanup;
+    }
+    total += specs[i].ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
+  }
+  /* One allocation for every parameter of this rank, as the locals of their DTensors. */
+  TSR_CHECK_GOTO(tsr_tensor_new(tsr_rank_allocator(m->r), TSR_F32, 1, &total, &m->storage), st);
+  int64_t at = 0;
+  for (int i = 0; i < n; i++) {
+    const param_spec *s = &specs[i];
+    TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, s->ndim, s->shape, &full), st);
+    fill_init(full, s->init, seed, (uint64_t)i);
+    TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, m->mesh, full, pl[i], &dist), st);
+    int64_t count = s->ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
+    TSR_CHECK_GOTO(tsr_tensor_narrow(m->storage, 0, at, count, &piece), st);
+    tsr_tensor *view = NULL;
+    TSR_CHECK_GOTO(tsr_tensor_reshape(piece, s->ndim, ls[i], &view), st);
+    st = tsr_tensor_copy(view, dist->local);
+    tsr_tensor_free(dist->local);
+    dist->local = view;
+    TSR_CHECK_GOTO(st, st);
+    TSR_CHECK_GOTO(tsr_var_new_leaf(dist, true, m->names[i], s->slot), st);
+    dist = NULL;
+    m->params[i] = *s->slot;
+    tsr_tensor_free(piece);
+    piece = NULL;
+    tsr_tensor_free(full);
+    full = NULL;
+    at += count;
+  }
+cleanup:
+  tsr_tensor_free(piece);
+  tsr_tensor_free(full);
+  tsr_dtensor_free(dist);
+  free(pl);
+  free(ls);
+  return st;
+}
+
+tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_config *cfg,
+                         uint64_t seed, tsr_llama_t **out) {
+  *out = NULL;
+  TSR_CHECK(tsr_llama_config_check(cfg));
+  tsr_llama_t *m = calloc(1, sizeof *m);
+  if (!m) return TSR_ERROR(TSR_ENOMEM, "out of memory allocating the model");
+  m->r = r;
+  m->mesh = mesh;
+  m->cfg = *cfg;
+  m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
+  int Lyr = cfg->num_hidden_layers, n = 2 + 9 * Lyr + (cfg->tie_word_embeddings ? 0 : 1);
+  int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
+  int64_t Q = (int64_t)cfg->num_attention_heads * m->head_dim;
+  int64_t KV = (int64_t)cfg->num_key_value_heads * m->head_dim;
+  m->layers = calloc((size_t)Lyr, sizeof *m->layers);
+  m->params = calloc((size_t)n, sizeof *m->params);
+  m->names = calloc((size_t)n, sizeof *m->names);
+  param_spec *specs = calloc((size_t)n, sizeof *specs);
+  tsr_status st = TSR_OK;
+  if (!m->layers || !m->params || !m->names || !specs) {
+    st = TSR_ERROR(TSR_ENOMEM, "out of memory allocating the model");
+    goto cleanup;
+  }
+  m->nparams = n;
+  int k = 0;
+  /* Specs in HF order; layer names get the layer index. */
+#define PARAM(slot_, style_, rows, cols, init_)                                                    \
+  (specs[k++] = (param_spec){&(slot_), style_, (cols) ? 2 : 1, {rows, cols}, init_})
+  snprintf(m->names[k], NAME_LEN, "model.embed_tokens.weight");
+  PARAM(m->embed_tokens, "embedding", V, C, INIT_NORMAL);
+  static const char *const layer_names[9] = {
+      "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+      "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+      "mlp.down_proj",    "input_layernorm",  "post_attention_layernorm"};
+  for (int l = 0; l < Lyr; l++) {
+    llama_layer *y = &m->layers[l];
+    for (int j = 0; j < 9; j++)
+      snprintf(m->names[k + j], NAME_LEN, "model.layers.%d.%s.weight", l, layer_names[j]);
+    PARAM(y->q_proj, "column_linear", Q, C, INIT_NORMAL);
+    PARAM(y->k_proj, "column_linear", KV, C, INIT_NORMAL);
+    PARAM(y->v_proj, "column_linear", KV, C, INIT_NORMAL);
+    PARAM(y->o_proj, "row_linear", C, Q, INIT_NORMAL);
+    PARAM(y->gate_proj, "column_linear", I, C, INIT_NORMAL);
+    PARAM(y->up_proj, "column_linear", I, C, INIT_NORMAL);
+    PARAM(y->down_proj, "row_linear", C, I, INIT_NORMAL);
+    PARAM(y->input_layernorm, "rmsnorm", C, 0, INIT_ONES);
+    PARAM(y->post_attention_layernorm, "rmsnorm", C, 0, INIT_ONES);
+  }
+  snprintf(m->names[k], NAME_LEN, "model.norm.weight");
+  PARAM(m->norm, "rmsnorm", C, 0, INIT_ONES);
+  if (!cfg->tie_word_embeddings) {
+    snprintf(m->names[k], NAME_LEN, "lm_head.weight");
+    PARAM(m->lm_head, "column_linear", V, C, INIT_NORMAL);
+  }
+#undef PARAM
+  TSR_CHECK_GOTO(build_params(m, specs, n, seed), st);
+  free(specs);
+  *out = m;
+  return TSR_OK;
+cleanup:
+  free(specs);
+  tsr_llama_free(m);
+  return st;
+}
+
+void tsr_llama_free(tsr_llama_t *m) {
+  if (!m) return;
+  for (int i = 0; i < m->nparams; i++) tsr_var_free(m->params[i]);
+  tsr_tensor_free(m->storage);
+  free(m->params);
+  free(m->names);
+  free(m->layers);
+  free(m);
+}
+
+const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m) {
+  return &m->cfg;
+}
+int tsr_llama_param_count(const tsr_llama_t *m) {
+  return m->nparams;
+}
+tsr_var *tsr_llama_param(tsr_llama_t *m, int i) {
+  return m->params[i];
+}
+const char *tsr_llama_param_name(const tsr_llama_t *m, int i) {
+  return m->names[i];
+}
+
+/* ---- forward ---- */
+
+/* The seed's input placements: batch over dp, sequence over the context-parallel dims,
+ * replicated over tp; names the mesh lacks are ignored. */
+static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh, tsr_var **out) {
+  static const char *const names[] = {"dp", "tp", "ulysses_cp", "ring_cp"};
+  const tsr_placement want[] = {tsr_shard(0), tsr_replicate(), tsr_shard(1), tsr_shard(1)};
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
+    int j = tsr_mesh_find_dim(x->value->mesh, tsr_mesh_dim_name(mesh, i));
+    p[i] = j >= 0 ? x->value->placements[j] : tsr_replicate();
+    for (int k = 0; k < 4; k++)
+      if (strcmp(tsr_mesh_canonical_name(names[k]), tsr_mesh_dim_name(mesh, i)) == 0)
+        p[i] = want[k];
+  }
+  return tsr_op_redistribute(t, x, mesh, p, out);
+}
+
+/* (B, L, n*D) <-> (B, L, n, D) */
+static tsr_status split_heads(tsr_tape_t *t, tsr_var *x, int heads, int D, tsr_var **out) {
+  int64_t shape[4] = {x->value->shape[0], x->value->shape[1], heads, D};
+  return tsr_op_view(t, x, 4, shape, out);
+}
+
+static tsr_status merge_heads(tsr_tape_t *t, tsr_var *x, tsr_var **out) {
+  int64_t shape[3] = {x->value->shape[0], x->value->shape[1],
+                      x->value->shape[2] * x->value->shape[3]};
+  return tsr_op_view(t, x, 3, shape, out);
+}
+
+static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *x,
+                            tsr_var **out) {
+  const tsr_llama_config *c = &m->cfg;
+  int D = m->head_dim;
+  tsr_var *q, *k, *v, *qh, *kh, *vh, *qr, *kr, *a, *am;
+  TSR_CHECK(tsr_op_linear(t, x, y->q_proj, &q));
+  TSR_CHECK(tsr_op_linear(t, x, y->k_proj, &k));
+  TSR_CHECK(tsr_op_linear(t, x, y->v_proj, &v));
+  TSR_CHECK(split_heads(t, q, c->num_attention_heads, D, &qh));
+  TSR_CHECK(split_heads(t, k, c->num_key_value_heads, D, &kh));
+  TSR_CHECK(split_heads(t, v, c->num_key_value_heads, D, &vh));
+  TSR_CHECK(tsr_op_rope(t, qh, c->rope_theta, &qr));
+  TSR_CHECK(tsr_op_rope(t, kh, c->rope_theta, &kr));
+  TSR_CHECK(tsr_op_sdpa(t, qr, kr, vh, true, &a));
+  TSR_CHECK(merge_heads(t, a, &am));
+  return tsr_op_linear(t, am, y->o_proj, out);
+}
+
+static tsr_status mlp(tsr_tape_t *t, const llama_layer *y, tsr_var *x, tsr_var **out) {
+  tsr_var *g, *u, *s;
+  TSR_CHECK(tsr_op_linear(t, x, y->gate_proj, &g));
+  TSR_CHECK(tsr_op_linear(t, x, y->up_proj, &u));
+  TSR_CHECK(tsr_op_swiglu(t, g, u, &s));
+  return tsr_op_linear(t, s, y->down_proj, out);
+}
+
+tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
+                             tsr_var **logits, tsr_var **loss) {
+  const tsr_llama_config *c = &m->cfg;
+  *logits = NULL;
+  if (loss) *loss = NULL;
+  tsr_var *x, *h, *n, *a, *f;
+  TSR_CHECK(place_input(t, ids, m->mesh, &x));
+  TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &h));
+  for (int l = 0; l < c->num_hidden_layers; l++) {
+    const llama_layer *y = &m->layers[l];
+    TSR_CHECK(tsr_op_rmsnorm(t, h, y->input_layernorm, c->rms_norm_eps, &n));
+    TSR_CHECK(attention(m, t, y, n, &a));
+    TSR_CHECK(tsr_op_add(t, h, a, &h));
+    TSR_CHECK(tsr_op_rmsnorm(t, h, y->post_attention_layernorm, c->rms_norm_eps, &n));
+    TSR_CHECK(mlp(t, y, n, &f));
+    TSR_CHECK(tsr_op_add(t, h, f, &h));
+  }
+  TSR_CHECK(tsr_op_rmsnorm(t, h, m->norm, c->rms_norm_eps, &n));
+  TSR_CHECK(tsr_op_linear(t, n, m->lm_head ? m->lm_head : m->embed_tokens, logits));
+  if (!labels || !loss) return TSR_OK;
+  tsr_var *lab;
+  TSR_CHECK(place_input(t, labels, m->mesh, &lab));
+  return tsr_op_cross_entropy(t, *logits, lab, loss);
+}

@@ -1,0 +1,63 @@
+/* Llama, with Hugging Face LlamaForCausalLM semantics, written once against the public API.
+ *
+ * Parameters carry HF names (model.layers.3.self_attn.q_proj.weight) and are placed by the
+ * module styles that the loaded strategies registered for each mesh dim (column_linear,
+ * row_linear, embedding, rmsnorm); with no strategy for a dim they are dense and replicated.
+ * The model code never changes when the mesh does.
+ */
+#ifndef TESSERA_LLAMA_H
+#define TESSERA_LLAMA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tessera/autograd.h"
+#include "tessera/mesh.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* HF LlamaConfig names. */
+typedef struct tsr_llama_config {
+  int vocab_size;
+  int hidden_size;
+  int intermediate_size;
+  int num_hidden_layers;
+  int num_attention_heads;
+  int num_key_value_heads;
+  float rms_norm_eps;
+  float rope_theta;
+  bool tie_word_embeddings;
+} tsr_llama_config;
+
+typedef struct tsr_llama_t tsr_llama_t;
+
+/* Checks the config on its own (positive sizes, hidden % heads, heads % kv heads, even head
+ * dim): TSR_EINVAL naming the key and the fix. */
+tsr_status tsr_llama_config_check(const tsr_llama_config *cfg);
+
+/* Builds this rank's model on `mesh`: parameters placed by the registry's module styles and
+ * initialised with normal(0, 0.02) for matrices and embeddings and 1 for norm weights, from
+ * `seed`, identically whatever the mesh (load a checkpoint to start from given weights). */
+tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_config *cfg,
+                         uint64_t seed, tsr_llama_t **out);
+void tsr_llama_free(tsr_llama_t *m);
+
+const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m);
+/* Parameters in HF order (embed_tokens, layers..., norm, lm_head unless tied). */
+int tsr_llama_param_count(const tsr_llama_t *m);
+tsr_var *tsr_llama_param(tsr_llama_t *m, int i);
+const char *tsr_llama_param_name(const tsr_llama_t *m, int i);
+/* Parameter count of the full (unsharded) model, embeddings included. */
+int64_t tsr_llama_num_params(const tsr_llama_config *cfg);
+
+/* Forward on the global batch `ids` (B, L) i32: logits (B, L, V) and, when labels (B, L) i32
+ * is given, the mean cross-entropy (-100 ignored). Both vars belong to the tape. */
+tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
+                             tsr_var **logits, tsr_var **loss);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
