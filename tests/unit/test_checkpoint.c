@@ -1,0 +1,368 @@
+/* Checkpoints: bitwise round trips, strict loading that never loads part of a file, crash safety.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <sys/resource.h>
+
+#include <cmocka.h>
+
+#include "tessera/io.h"
+#include "test_io_util.h"
+
+#define NP 3
+
+typedef struct fixture {
+  char dir[64];
+  char model[128], optim[160];
+  const char *names[NP];
+  tsr_tensor *p[NP], *m[NP], *v[NP];
+} fixture;
+
+static const int64_t shapes[NP][2] = {{4, 3}, {3, 1}, {5, 0}};
+
+static tsr_tensor *tensor_like(int i, tsr_dtype dt) {
+  tsr_tensor *t;
+  assert_int_equal(tsr_tensor_new(NULL, dt, 2, shapes[i], &t), TSR_OK);
+  return t;
+}
+
+/* Arbitrary bit patterns, subnormals and negative zero included: only bitwise copies survive. */
+static void fill_bits(tsr_tensor *t, uint32_t seed) {
+  uint32_t *p = tsr_tensor_data(t);
+  for (int64_t i = 0; i < tsr_tensor_numel(t); i++) {
+    seed = seed * 1664525u + 1013904223u;
+    p[i] = (seed & 0x807fffffu) | ((seed % 7 == 0 ? 0u : 0x3f000000u));
+  }
+}
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  io_tmpdir(f->dir, sizeof f->dir);
+  snprintf(f->model, sizeof f->model, "%s/ckpt.safetensors", f->dir);
+  snprintf(f->optim, sizeof f->optim, "%s/ckpt.optim.safetensors", f->dir);
+  f->names[0] = "model.embed_tokens.weight";
+  f->names[1] = "model.layers.0.mlp.up_proj.weight";
+  f->names[2] = "model.norm.weight";
+  for (int i = 0; i < NP; i++) {
+    f->p[i] = tensor_like(i, TSR_F32);
+    f->m[i] = tensor_like(i, TSR_F32);
+    f->v[i] = tensor_like(i, TSR_F32);
+    fill_bits(f->p[i], 1u + (uint32_t)i);
+    fill_bits(f->m[i], 100u + (uint32_t)i);
+    fill_bits(f->v[i], 200u + (uint32_t)i);
+  }
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  for (int i = 0; i < NP; i++) {
+    tsr_tensor_free(f->p[i]);
+    tsr_tensor_free(f->m[i]);
+    tsr_tensor_free(f->v[i]);
+  }
+  io_rmtree(f->dir);
+  free(f);
+  return 0;
+}
+
+#define assert_error_has(text)                                                                     \
+  do {                                                                                             \
+    if (!strstr(tsr_last_error(), (text)))                                                         \
+      fail_msg("error \"%s\" lacks \"%s\"", tsr_last_error(), (text));                             \
+  } while (0)
+
+static void save_fixture(fixture *f, int64_t step) {
+  assert_int_equal(
+      tsr_checkpoint_save(f->model, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, step),
+      TSR_OK);
+}
+
+static bool bitwise_equal(const tsr_tensor *a, const tsr_tensor *b) {
+  return tsr_tensor_nbytes(a) == tsr_tensor_nbytes(b) &&
+         memcmp(tsr_tensor_data(a), tsr_tensor_data(b), tsr_tensor_nbytes(a)) == 0;
+}
+
+/* Fresh destinations filled with a sentinel, to see whether a failed load wrote anything. */
+static void fresh(tsr_tensor **t) {
+  for (int i = 0; i < NP; i++) {
+    t[i] = tensor_like(i, TSR_F32);
+    float *p = tsr_tensor_data(t[i]);
+    for (int64_t k = 0; k < tsr_tensor_numel(t[i]); k++) p[k] = -7.0f;
+  }
+}
+
+static bool untouched(tsr_tensor *const *t) {
+  for (int i = 0; i < NP; i++) {
+    const float *p = tsr_tensor_data(t[i]);
+    for (int64_t k = 0; k < tsr_tensor_numel(t[i]); k++)
+      if (p[k] != -7.0f) return false;
+  }
+  return true;
+}
+
+static void free_all(tsr_tensor **t) {
+  for (int i = 0; i < NP; i++) tsr_tensor_free(t[i]);
+}
+
+static void test_optim_path(void **state) {
+  char buf[64];
+  assert_int_equal(tsr_checkpoint_optim_path("out/a.safetensors", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "out/a.optim.safetensors");
+  assert_int_equal(tsr_checkpoint_optim_path("ckpt", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "ckpt.optim.safetensors");
+  assert_int_equal(tsr_checkpoint_optim_path("a.safetensors", buf, 10), TSR_EINVAL);
+}
+
+static void test_round_trip_bitwise(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 1234567890123ll);
+  assert_int_equal(io_count_entries(f->dir), 2);
+  tsr_tensor *p[NP], *m[NP], *v[NP];
+  fresh(p);
+  fresh(m);
+  fresh(v);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, NULL), TSR_OK);
+  int64_t step = -1;
+  assert_int_equal(tsr_checkpoint_load_optim(f->optim, NP, f->names, m, v, &step), TSR_OK);
+  assert_int_equal(step, 1234567890123ll);
+  for (int i = 0; i < NP; i++) {
+    assert_true(bitwise_equal(p[i], f->p[i]));
+    assert_true(bitwise_equal(m[i], f->m[i]));
+    assert_true(bitwise_equal(v[i], f->v[i]));
+  }
+  /* The model file is what transformers loads: HF names only, format "pt". */
+  tsr_safetensors_t *st;
+  assert_int_equal(tsr_safetensors_open(f->model, &st), TSR_OK);
+  assert_int_equal(tsr_safetensors_count(st), NP);
+  assert_string_equal(tsr_safetensors_meta(st, "format"), "pt");
+  tsr_safetensors_close(st);
+  assert_int_equal(tsr_safetensors_open(f->optim, &st), TSR_OK);
+  assert_true(tsr_safetensors_has(st, "model.norm.weight.exp_avg_sq"));
+  assert_string_equal(tsr_safetensors_meta(st, "format"), TSR_CHECKPOINT_OPTIM_FORMAT);
+  tsr_safetensors_close(st);
+  /* The optimizer file is not a model file, nor the other way round. */
+  assert_int_equal(tsr_checkpoint_load_model(f->optim, NP, f->names, p, NULL), TSR_EINVAL);
+  assert_int_equal(tsr_checkpoint_load_optim(f->model, NP, f->names, m, v, &step), TSR_EINVAL);
+  assert_error_has("not a Tessera optimizer file");
+  free_all(p);
+  free_all(m);
+  free_all(v);
+}
+
+static void test_missing_extra_and_wrong_shape(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 3);
+  tsr_tensor *p[NP];
+  fresh(p);
+  /* Missing: the last name is not in the file; nothing before it may have been loaded. */
+  const char *names[NP] = {f->names[0], f->names[1], "model.layers.1.mlp.up_proj.weight"};
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, names, p, NULL), TSR_EINVAL);
+  assert_error_has("'model.layers.1.mlp.up_proj.weight'");
+  assert_error_has(f->model);
+  assert_true(untouched(p));
+  /* Extra: the model asks for two of three tensors. */
+  assert_int_equal(tsr_checkpoint_load_model(f->model, 2, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("1 tensor the model does not have: 'model.norm.weight'");
+  assert_true(untouched(p));
+  /* Wrong shape of the last tensor. */
+  tsr_tensor *saved = p[2];
+  const int64_t s[2] = {0, 5};
+  assert_int_equal(tsr_tensor_new(NULL, TSR_F32, 2, s, &p[2]), TSR_OK);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("'model.norm.weight'");
+  assert_error_has("[5, 0]");
+  assert_error_has("[0, 5]");
+  tsr_tensor_free(p[2]);
+  p[2] = saved;
+  assert_true(untouched(p));
+  /* Wrong dtype: an integer destination. */
+  saved = p[1];
+  p[1] = tensor_like(1, TSR_I32);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("'model.layers.0.mlp.up_proj.weight'");
+  tsr_tensor_free(p[1]);
+  p[1] = saved;
+  assert_true(untouched(p));
+  /* Asking for one name twice. */
+  const char *twice[NP] = {f->names[0], f->names[0], f->names[2]};
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, twice, p, NULL), TSR_EINVAL);
+  assert_error_has("asked for twice");
+  /* Optimizer state is as strict. */
+  tsr_tensor *m[NP], *v[NP];
+  fresh(m);
+  fresh(v);
+  int64_t step = -1;
+  assert_int_equal(tsr_checkpoint_load_optim(f->optim, NP, names, m, v, &step), TSR_EINVAL);
+  assert_error_has("'model.layers.1.mlp.up_proj.weight.exp_avg'");
+  assert_int_equal(tsr_checkpoint_load_optim(f->optim, 2, f->names, m, v, &step), TSR_EINVAL);
+  assert_error_has("2 tensors the model does not have");
+  assert_true(untouched(m) && untouched(v));
+  assert_int_equal(step, -1);
+  free_all(p);
+  free_all(m);
+  free_all(v);
+}
+
+/* A Hugging Face-style file: bf16 weights, rotary buffers, a tied lm_head, many extras. */
+static void test_hf_file_bf16_and_ignore_patterns(void **state) {
+  fixture *f = *state;
+  enum { N = NP + 9 };
+  const char *names[N];
+  tsr_tensor *ts[N];
+  char extra[6][64];
+  for (int i = 0; i < NP; i++) {
+    names[i] = f->names[i];
+    assert_int_equal(tsr_tensor_cast(f->p[i], TSR_BF16, &ts[i]), TSR_OK);
+  }
+  const int64_t one[1] = {8};
+  const char *buffers[3] = {"model.rotary_emb.inv_freq",
+                            "model.layers.0.self_attn.rotary_emb.inv_freq", "lm_head.weight"};
+  for (int i = 0; i < 3; i++) {
+    names[NP + i] = buffers[i];
+    assert_int_equal(tsr_tensor_new(NULL, TSR_F32, 1, one, &ts[NP + i]), TSR_OK);
+  }
+  for (int i = 0; i < 6; i++) {
+    snprintf(extra[i], sizeof extra[i], "model.layers.%d.unknown.weight", i);
+    names[NP + 3 + i] = extra[i];
+    assert_int_equal(tsr_tensor_new(NULL, TSR_F32, 1, one, &ts[NP + 3 + i]), TSR_OK);
+  }
+  assert_int_equal(
+      tsr_safetensors_save(f->model, NP + 3, names, (const tsr_tensor *const *)ts, 0, NULL, NULL),
+      TSR_OK);
+  tsr_tensor *p[NP];
+  fresh(p);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("3 tensors the model does not have");
+  assert_error_has("'lm_head.weight'");
+  assert_true(untouched(p));
+  const char *pats[3] = {tsr_checkpoint_hf_buffers[0], tsr_checkpoint_hf_buffers[1],
+                         "lm_head.weight"};
+  tsr_checkpoint_opts opts = {2, pats};
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, &opts), TSR_EINVAL);
+  assert_error_has("1 tensor the model does not have: 'lm_head.weight'");
+  opts.n_ignore = 3;
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, &opts), TSR_OK);
+  for (int i = 0; i < NP; i++) {
+    tsr_tensor *want;
+    assert_int_equal(tsr_tensor_cast(ts[i], TSR_F32, &want), TSR_OK);
+    assert_true(bitwise_equal(p[i], want));
+    tsr_tensor_free(want);
+  }
+  /* More than five extras: five are listed, the rest counted. */
+  assert_int_equal(
+      tsr_safetensors_save(f->model, N, names, (const tsr_tensor *const *)ts, 0, NULL, NULL),
+      TSR_OK);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, &opts), TSR_EINVAL);
+  assert_error_has("6 tensors the model does not have");
+  assert_error_has("'model.layers.4.unknown.weight' and 1 more");
+  free_all(p);
+  for (int i = 0; i < N; i++) tsr_tensor_free(ts[i]);
+}
+
+static unsigned char *slurp(const char *path, size_t *n) {
+  unsigned char *b = io_read_file(path, n);
+  assert_non_null(b);
+  return b;
+}
+
+/* Failed saves, before and in the middle of writing, leave the previous checkpoint bitwise. */
+static void test_failed_save_keeps_previous_checkpoint(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 5);
+  size_t nm, no;
+  unsigned char *model = slurp(f->model, &nm), *optim = slurp(f->optim, &no);
+
+  tsr_tensor *keep = f->p[1];
+  f->p[1] = NULL;
+  assert_int_equal(
+      tsr_checkpoint_save(f->model, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 6),
+      TSR_EINVAL);
+  assert_error_has("'model.layers.0.mlp.up_proj.weight' is NULL");
+  f->p[1] = keep;
+
+  char bad_optim[200];
+  snprintf(bad_optim, sizeof bad_optim, "%s/missing/o.safetensors", f->dir);
+  assert_int_equal(
+      tsr_checkpoint_save(f->model, bad_optim, NP, f->names, (const tsr_tensor *const *)f->p,
+                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 6),
+      TSR_EIO);
+
+  /* A crash in the middle of the data: the file size limit cuts the write. */
+  const int64_t big[2] = {256, 256};
+  tsr_tensor *bigp;
+  assert_int_equal(tsr_tensor_new(NULL, TSR_F32, 2, big, &bigp), TSR_OK);
+  const tsr_tensor *one[1] = {bigp};
+  struct rlimit saved, lim;
+  getrlimit(RLIMIT_FSIZE, &saved);
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  lim = saved;
+  lim.rlim_cur = 8192;
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  tsr_status s = tsr_checkpoint_save(f->model, NULL, 1, f->names, one, one, one, 7);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  signal(SIGXFSZ, old);
+  assert_int_equal(s, TSR_EIO);
+  tsr_tensor_free(bigp);
+
+  assert_int_equal(io_count_entries(f->dir), 2);
+  size_t nm2, no2;
+  unsigned char *model2 = slurp(f->model, &nm2), *optim2 = slurp(f->optim, &no2);
+  assert_int_equal(nm2, nm);
+  assert_int_equal(no2, no);
+  assert_memory_equal(model2, model, nm);
+  assert_memory_equal(optim2, optim, no);
+  free(model);
+  free(optim);
+  free(model2);
+  free(optim2);
+  int64_t step = 0;
+  tsr_tensor *m[NP], *v[NP];
+  fresh(m);
+  fresh(v);
+  assert_int_equal(tsr_checkpoint_load_optim(f->optim, NP, f->names, m, v, &step), TSR_OK);
+  assert_int_equal(step, 5);
+  free_all(m);
+  free_all(v);
+}
+
+static void test_model_only_and_bad_step(void **state) {
+  fixture *f = *state;
+  assert_int_equal(tsr_checkpoint_save(f->model, NULL, NP, f->names,
+                                       (const tsr_tensor *const *)f->p, NULL, NULL, 0),
+                   TSR_OK);
+  assert_int_equal(io_count_entries(f->dir), 1);
+  assert_int_equal(tsr_checkpoint_save(f->model, NULL, NP, f->names,
+                                       (const tsr_tensor *const *)f->p,
+                                       (const tsr_tensor *const *)f->m, NULL, 0),
+                   TSR_EINVAL);
+  /* An optimizer file whose step is not a number. */
+  const char *k[2] = {"format", "step"}, *val[2] = {TSR_CHECKPOINT_OPTIM_FORMAT, "12abc"};
+  assert_int_equal(tsr_safetensors_save(f->optim, 0, NULL, NULL, 2, k, val), TSR_OK);
+  tsr_tensor *m[NP], *v[NP];
+  fresh(m);
+  fresh(v);
+  int64_t step = 0;
+  assert_int_equal(tsr_checkpoint_load_optim(f->optim, NP, f->names, m, v, &step), TSR_EINVAL);
+  assert_error_has("'12abc'");
+  free_all(m);
+  free_all(v);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_optim_path),
+      cmocka_unit_test_setup_teardown(test_round_trip_bitwise, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_missing_extra_and_wrong_shape, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_hf_file_bf16_and_ignore_patterns, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_failed_save_keeps_previous_checkpoint, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_model_only_and_bad_step, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
