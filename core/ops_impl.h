@@ -24,6 +24,11 @@ tsr_status tsr_op_grad_of(tsr_tape_t *t, const tsr_var *out, const tsr_placement
 /* The placements a gradient of a value placed `p` arrives with: Partial becomes Replicate. */
 void tsr_op_grad_placements(const tsr_mesh_t *m, const tsr_placement *p, tsr_placement *out);
 
+/* The core's generic rule for op on mesh dim `dim` (ops_rules.c): true and the placements set
+ * when one applies. */
+bool tsr_op_generic_rule(const char *op, tsr_var *const *in, int nin, int dim,
+                         tsr_placement *outputs, tsr_placement *grads);
+
 /* Product of a local tensor's dims except the last. */
 int64_t tsr_op_rows(const tsr_tensor *t);
 
@@ -32,6 +37,7 @@ typedef struct tsr_op_saved_plan {
   tsr_op_placements plan;
   float eps;       /* rmsnorm */
   float theta;     /* rope */
+  float scale;     /* cross_entropy: this rank's valid tokens over the whole batch's */
   tsr_tensor *aux; /* op-specific saved tensor (rmsnorm rstd, attention lse/out), owned */
   tsr_tensor *aux2;
   bool causal;

@@ -312,13 +312,12 @@ static tsr_status cross_entropy_backward(tsr_tape_t *t, tsr_var *const *in, int 
   tsr_dtensor *owned, *dl = NULL;
   TSR_CHECK(out_grad(t, out, &g, &owned));
   tsr_status st = tsr_op_new_grad(t, logits, s->plan.grads[0], &dl);
-  if (st == TSR_OK && dl->local) {
+  if (st == TSR_OK && dl->local && s->scale > 0) {
     const tsr_tensor *ll = logits->value->local;
     float loss;
-    int V = (int)ll->shape[2];
     st = tsr_kernel_cross_entropy(&loss, NULL, fdata(dl), fdata(logits->value),
-                                  tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll), V,
-                                  *fdata(g));
+                                  tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll),
+                                  (int)ll->shape[2], *fdata(g) * s->scale);
   }
   tsr_dtensor_free(owned);
   if (st != TSR_OK) {
@@ -326,6 +325,24 @@ static tsr_status cross_entropy_backward(tsr_tape_t *t, tsr_var *const *in, int 
     return st;
   }
   return tsr_var_accumulate_grad(t, logits, dl);
+}
+
+/* Valid (not ignored) labels in this rank's shard and in the whole batch: the sum over the mesh
+ * dims that shard the labels (those where the loss comes out Partial). */
+static tsr_status count_valid(tsr_tape_t *t, const tsr_var *labels, const tsr_placement *loss_p,
+                              int64_t *local, int64_t *global) {
+  const tsr_dtensor *lv = labels->value;
+  *local = 0;
+  const int32_t *lab = tsr_tensor_data(lv->local);
+  for (int64_t i = 0, n = tsr_tensor_numel(lv->local); i < n; i++) *local += lab[i] != -100;
+  *global = *local;
+  uint32_t mask = 0;
+  for (int i = 0; i < tsr_mesh_ndim(lv->mesh); i++)
+    if (loss_p[i].kind == TSR_PARTIAL) mask |= 1u << i;
+  if (!mask) return TSR_OK;
+  tsr_group_t *g;
+  TSR_CHECK(tsr_mesh_group(lv->mesh, tsr_rank_comm(tsr_tape_rank(t)), mask, &g));
+  return tsr_comm_all_reduce(g, global, global, 1, TSR_I64, TSR_REDUCE_SUM);
 }
 
 tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels, tsr_var **out) {
@@ -340,14 +357,29 @@ tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels,
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "cross_entropy", in, 2, 1, &plan));
   TSR_CHECK(tsr_op_new_output(t, logits, 0, NULL, plan.outputs[0], out));
-  if ((*out)->value->local) {
-    const tsr_tensor *ll = lv->local;
-    TSR_CHECK(tsr_kernel_cross_entropy(fdata((*out)->value), NULL, NULL, fdata(lv),
-                                       tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll),
-                                       (int)ll->shape[2], 1.0f));
-  }
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
+  if ((*out)->value->local) {
+    int64_t local, global;
+    tsr_status st = count_valid(t, labels, plan.outputs[0], &local, &global);
+    /* The mean over the whole batch is the sum of each shard's mean weighted by its share of the
+     * valid tokens: shards of uneven size or with many ignored labels weigh what they hold. */
+    s->scale = global > 0 ? (float)local / (float)global : 0.0f;
+    const tsr_tensor *ll = lv->local;
+    float *loss = fdata((*out)->value);
+    if (st == TSR_OK && local > 0) {
+      st = tsr_kernel_cross_entropy(loss, NULL, NULL, fdata(lv),
+                                    tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll),
+                                    (int)ll->shape[2], 1.0f);
+      *loss *= s->scale;
+    } else if (st == TSR_OK && global == 0) {
+      *loss = NAN; /* as F.cross_entropy when every label is ignored */
+    }
+    if (st != TSR_OK) {
+      tsr_op_saved_free(s);
+      return st;
+    }
+  }
   return tsr_tape_record(t, "cross_entropy", in, 2, out, 1, cross_entropy_backward, s,
                          tsr_op_saved_free);
 }

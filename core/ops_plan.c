@@ -40,11 +40,7 @@ tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, in
     for (int j = 0; j < ninputs; j++) plan->grads[j][i] = tsr_replicate();
     if (tsr_mesh_dim_size(m, i) == 1) continue;
     tsr_placement in[TSR_MAX_OP_INPUTS];
-    bool all_replicate = true;
-    for (int j = 0; j < ninputs; j++) {
-      in[j] = inputs[j]->value->placements[i];
-      all_replicate = all_replicate && in[j].kind == TSR_REPLICATE;
-    }
+    for (int j = 0; j < ninputs; j++) in[j] = inputs[j]->value->placements[i];
     const tsr_op_rule *rule =
         reg ? tsr_registry_find_op_rule(reg, op, tsr_mesh_dim_name(m, i), ninputs, in) : NULL;
     if (rule) {
@@ -54,8 +50,12 @@ tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, in
       for (int j = 0; j < ninputs; j++) plan->grads[j][i] = rule->grads[j];
       continue;
     }
-    /* The core's generic rule: replicated inputs compute the same thing on every rank. */
-    if (all_replicate) continue;
+    tsr_placement outs[TSR_MAX_OP_OUTPUTS], grads[TSR_MAX_OP_INPUTS];
+    if (tsr_op_generic_rule(op, inputs, ninputs, i, outs, grads)) {
+      for (int k = 0; k < noutputs; k++) plan->outputs[k][i] = outs[k];
+      for (int j = 0; j < ninputs; j++) plan->grads[j][i] = grads[j];
+      continue;
+    }
     char desc[256] = "";
     size_t at = 0;
     for (int j = 0; j < ninputs && at < sizeof desc; j++) {

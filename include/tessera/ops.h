@@ -26,8 +26,9 @@ typedef struct tsr_op_placements {
 } tsr_op_placements;
 
 /* Finds, for each mesh dim of size > 1, the rule for `op` with the inputs' placements there:
- * first the rules plugins registered, then the core's generic ones (all inputs Replicate gives
- * Replicate outputs and gradients). Size-1 dims plan Replicate. All inputs must share a mesh. */
+ * first the rules plugins registered, then the core's generic ones (replicated computation, and
+ * activations sharded along a dim the op treats row by row: batch, sequence, heads). Size-1 dims
+ * plan Replicate. All inputs must share a mesh. */
 tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
                        int noutputs, tsr_op_placements *plan);
 
@@ -62,7 +63,9 @@ tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out);
 tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out);
 
 /* Mean cross-entropy of logits (B, L, V) against labels (B, L) i32, ignoring label -100, as
- * F.cross_entropy(ignore_index=-100); out is a scalar (0-d). */
+ * F.cross_entropy(ignore_index=-100); out is a scalar (0-d). With the batch or sequence sharded,
+ * each rank's piece is its share of the mean over the whole batch (Partial(sum)), so uneven
+ * shards weigh by their valid tokens. */
 tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels, tsr_var **out);
 
 /* Redistribute with autograd: the backward is the adjoint (tsr_dtensor_redistribute_adjoint). */

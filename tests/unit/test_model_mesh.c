@@ -1,0 +1,190 @@
+/* The Llama step on meshes that need no strategy-specific rule, against the 1-rank run: the
+ * batch sharded over `dp` (even and uneven, so the loss must weigh shards by their tokens), a
+ * replicated `tp` beside it, and the gradient sync that falls out of resolving Partial gradients
+ * to the parameters' Replicate placement. Also: sharding the sequence without a context-parallel
+ * rule for attention is an error naming it. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "llama.h"
+#include "tessera/ops.h"
+
+#define MAX_PARAMS 64
+
+static const tsr_llama_config cfg = {.vocab_size = 19,
+                                     .hidden_size = 16,
+                                     .intermediate_size = 20,
+                                     .num_hidden_layers = 2,
+                                     .num_attention_heads = 4,
+                                     .num_key_value_heads = 2,
+                                     .rms_norm_eps = 1e-5f,
+                                     .rope_theta = 10000.0f};
+
+typedef struct step_result {
+  tsr_tensor *logits, *loss;
+  int nparams;
+  tsr_tensor *grads[MAX_PARAMS];
+} step_result;
+
+typedef struct mesh_case {
+  int ndim, shape[3];
+  const char *names[3];
+  int batch, seq;
+  step_result res; /* filled by rank 0 */
+  tsr_status st0;
+  char msg0[512];
+} mesh_case;
+
+static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, bool labels,
+                            tsr_var **out) {
+  int64_t shape[2] = {B, L};
+  tsr_tensor *t;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
+  int32_t *p = tsr_tensor_data(t);
+  for (int i = 0; i < B * L; i++)
+    p[i] = labels && (i % 7 == 3 || i >= B * L - 3) ? -100
+                                                    : (i * 5 + (labels ? 1 : 0)) % cfg.vocab_size;
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
+  tsr_dtensor *d;
+  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
+  tsr_tensor_free(t);
+  TSR_CHECK(st);
+  return tsr_var_new_leaf(d, false, NULL, out);
+}
+
+static tsr_status run_step(tsr_comm_t *comm, void *arg) {
+  mesh_case *mc = arg;
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_llama_t *model = NULL;
+  tsr_tape_t *t = NULL;
+  tsr_var *ids = NULL, *labels = NULL, *logits, *loss;
+  bool me0 = tsr_comm_rank(comm) == 0;
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), mc->ndim, mc->shape, mc->names, &m), st);
+  TSR_CHECK_GOTO(tsr_llama_new(r, m, &cfg, 99, &model), st);
+  TSR_CHECK_GOTO(batch_var(r, m, mc->batch, mc->seq, false, &ids), st);
+  TSR_CHECK_GOTO(batch_var(r, m, mc->batch, mc->seq, true, &labels), st);
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  st = tsr_llama_forward(model, t, ids, labels, &logits, &loss);
+  if (me0) {
+    mc->st0 = st;
+    snprintf(mc->msg0, sizeof mc->msg0, "%s", st ? tsr_last_error() : "");
+  }
+  if (st != TSR_OK) {
+    st = TSR_OK; /* an expected failure is inspected by the test */
+    goto cleanup;
+  }
+  TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
+  tsr_tensor *full;
+  TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, logits->value, &full), st);
+  if (me0)
+    mc->res.logits = full;
+  else
+    tsr_tensor_free(full);
+  TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, loss->value, &full), st);
+  if (me0)
+    mc->res.loss = full;
+  else
+    tsr_tensor_free(full);
+  mc->res.nparams = tsr_llama_param_count(model);
+  for (int i = 0; i < tsr_llama_param_count(model); i++) {
+    tsr_var *p = tsr_llama_param(model, i);
+    TSR_CHECK_GOTO(tsr_var_resolve_grad(t, p), st);
+    /* the gradient now has the parameter's placements: replicated over every dim */
+    for (int k = 0; k < tsr_mesh_ndim(m); k++)
+      TSR_INVARIANT(p->grad->placements[k].kind == TSR_REPLICATE);
+    TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, p->grad, &full), st);
+    if (me0)
+      mc->res.grads[i] = full;
+    else
+      tsr_tensor_free(full);
+  }
+cleanup:
+  tsr_tape_free(t);
+  tsr_var_free(ids);
+  tsr_var_free(labels);
+  tsr_llama_free(model);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static void result_free(step_result *s) {
+  tsr_tensor_free(s->logits);
+  tsr_tensor_free(s->loss);
+  for (int i = 0; i < s->nparams; i++) tsr_tensor_free(s->grads[i]);
+}
+
+static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what) {
+  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
+  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
+  for (int64_t i = 0; i < tsr_tensor_numel(a); i++)
+    if (!(fabsf(x[i] - y[i]) <= 1e-5f + 1e-4f * fabsf(y[i])))
+      fail_msg("%s[%lld]: %.8g on the mesh, %.8g on one rank", what, (long long)i, x[i], y[i]);
+}
+
+static void run_and_compare(int world, int ndim, const int *shape, const char *const *names,
+                            int batch, int seq) {
+  mesh_case one = {.ndim = 1, .shape = {1}, .names = {"dp"}, .batch = batch, .seq = seq};
+  mesh_case many = {.ndim = ndim, .batch = batch, .seq = seq};
+  for (int i = 0; i < ndim; i++) {
+    many.shape[i] = shape[i];
+    many.names[i] = names[i];
+  }
+  if (tsr_local_launch(1, 30.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
+  if (tsr_local_launch(world, 30.0, run_step, &many) != TSR_OK) fail_msg("%s", tsr_last_error());
+  if (many.st0 != TSR_OK) fail_msg("%s", many.msg0);
+  expect_close(many.res.logits, one.res.logits, "logits");
+  expect_close(many.res.loss, one.res.loss, "loss");
+  for (int i = 0; i < one.res.nparams; i++)
+    expect_close(many.res.grads[i], one.res.grads[i], "grad");
+  result_free(&one.res);
+  result_free(&many.res);
+}
+
+static void test_dp2_even_batch(void **s) {
+  int shape[1] = {2};
+  const char *names[1] = {"dp"};
+  run_and_compare(2, 1, shape, names, 4, 6);
+}
+
+static void test_dp4_uneven_batch(void **s) {
+  /* 6 rows over 4 ranks split 2, 2, 2, 0 and the labels ignore more tokens in some rows: the loss
+   * must still be the mean over every valid token of the batch */
+  int shape[1] = {4};
+  const char *names[1] = {"dp"};
+  run_and_compare(4, 1, shape, names, 6, 5);
+}
+
+static void test_dp2_with_replicated_tp(void **s) {
+  int shape[2] = {2, 2};
+  const char *names[2] = {"dp", "tp"};
+  run_and_compare(4, 2, shape, names, 3, 4);
+}
+
+static void test_sequence_shard_needs_a_cp_rule(void **s) {
+  mesh_case mc = {.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .batch = 2, .seq = 6};
+  if (tsr_local_launch(2, 30.0, run_step, &mc) != TSR_OK) fail_msg("%s", tsr_last_error());
+  assert_int_equal(mc.st0, TSR_ENOTSUP);
+  assert_non_null(strstr(mc.msg0, "no sharding rule for op 'sdpa' on mesh dim 'ring_cp'"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_dp2_even_batch),
+      cmocka_unit_test(test_dp4_uneven_batch),
+      cmocka_unit_test(test_dp2_with_replicated_tp),
+      cmocka_unit_test(test_sequence_shard_needs_a_cp_rule),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
