@@ -159,7 +159,8 @@ typedef struct tsr_data_t tsr_data_t;
  *
  * Step k's batch depends on (seed, k) only:
  *   synthetic: row b draws its first token uniformly; each next token is, with probability 7/8,
- *     (a * previous + c) mod vocab_size, where a and c come from the seed, and otherwise uniform.
+ *     (a * previous + c) mod vocab_size, and otherwise uniform; a (coprime with vocab_size, so the
+ *     rule is a permutation of the tokens) and c come from the seed.
  *     The rule is the same for every step, so a model can learn it and its loss falls (the
  *     floor is about the entropy of the 1/8 noise).
  *   text, tokens: row b is seq_len + 1 consecutive tokens at a position drawn uniformly from the
@@ -171,8 +172,8 @@ tsr_status tsr_data_open(const char *source, int vocab_size, int batch, int seq_
 /* Fills the global batch of the current step, each (batch, seq_len) row-major, and moves to the
  * next step. Every rank calls it alike and takes its own shard. */
 tsr_status tsr_data_next(tsr_data_t *d, int32_t *input_ids, int32_t *labels);
-/* The step the next tsr_data_next returns, and a way to set it, e.g. when resuming from a
- * checkpoint saved at that step. */
+/* The step whose batch the next tsr_data_next returns (0 after open), and a way to set it (>= 0),
+ * e.g. when resuming from a checkpoint saved at that step. */
 int64_t tsr_data_step(const tsr_data_t *d);
 void tsr_data_set_step(tsr_data_t *d, int64_t step);
 /* NULL is a no-op. */
