@@ -102,6 +102,10 @@ tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool c
   tsr_var *in[3] = {q, k, v};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "sdpa", in, 3, 1, &plan));
+  tsr_sdpa_attrs attrs = {causal};
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "sdpa", in, 3, &attrs, sizeof attrs, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   TSR_CHECK(tsr_op_new_output(t, q, 4, qs, plan.outputs[0], out));
   sdpa_saved *s = calloc(1, sizeof *s);
   if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");

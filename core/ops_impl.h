@@ -29,6 +29,13 @@ void tsr_op_grad_placements(const tsr_mesh_t *m, const tsr_placement *p, tsr_pla
 bool tsr_op_generic_rule(const char *op, tsr_var *const *in, int nin, int dim,
                          tsr_placement *outputs, tsr_placement *grads);
 
+/* When the plan has a rule with a compute function on one mesh dim, runs it as the op's forward,
+ * records its backward and sets *handled; otherwise leaves *handled false. `attrs` (attrs_size
+ * bytes, at most 64) is copied for the backward. */
+tsr_status tsr_op_run_rule(tsr_tape_t *t, const char *op, tsr_var *const *in, int nin,
+                           const void *attrs, size_t attrs_size, const tsr_op_placements *plan,
+                           int nout, tsr_var **outs, bool *handled);
+
 /* Product of a local tensor's dims except the last. */
 int64_t tsr_op_rows(const tsr_tensor *t);
 

@@ -49,6 +49,9 @@ tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_va
   tsr_var *in[2] = {ids, weight};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "embedding", in, 2, 1, &plan));
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "embedding", in, 2, NULL, 0, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   int64_t shape[3] = {ids->value->shape[0], ids->value->shape[1], weight->value->shape[1]};
   TSR_CHECK(tsr_op_new_output(t, weight, 3, shape, plan.outputs[0], out));
   if ((*out)->value->local) {
@@ -104,6 +107,10 @@ tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps,
   tsr_var *in[2] = {x, weight};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "rmsnorm", in, 2, 1, &plan));
+  tsr_rmsnorm_attrs attrs = {eps};
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "rmsnorm", in, 2, &attrs, sizeof attrs, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   TSR_CHECK(tsr_op_new_output(t, x, xv->ndim, xv->shape, plan.outputs[0], out));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
@@ -168,6 +175,9 @@ tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **o
   tsr_var *in[2] = {x, weight};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "linear", in, 2, 1, &plan));
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "linear", in, 2, NULL, 0, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   int64_t shape[TSR_MAX_DIMS];
   memcpy(shape, xv->shape, sizeof shape);
   shape[xv->ndim - 1] = wv->shape[0];
@@ -237,6 +247,10 @@ tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
                      (long long)x->value->shape[3]);
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "rope", &x, 1, 1, &plan));
+  tsr_rope_attrs attrs = {theta};
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "rope", &x, 1, &attrs, sizeof attrs, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   TSR_CHECK(tsr_op_new_output(t, x, 4, x->value->shape, plan.outputs[0], out));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
@@ -292,6 +306,9 @@ tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **ou
   tsr_var *in[2] = {gate, up};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "swiglu", in, 2, 1, &plan));
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "swiglu", in, 2, NULL, 0, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   TSR_CHECK(
       tsr_op_new_output(t, gate, gate->value->ndim, gate->value->shape, plan.outputs[0], out));
   if ((*out)->value->local)
@@ -356,6 +373,9 @@ tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels,
   tsr_var *in[2] = {logits, labels};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "cross_entropy", in, 2, 1, &plan));
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "cross_entropy", in, 2, NULL, 0, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   TSR_CHECK(tsr_op_new_output(t, logits, 0, NULL, plan.outputs[0], out));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));

@@ -159,6 +159,9 @@ tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out) {
   tsr_var *in[2] = {a, b};
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "add", in, 2, 1, &plan));
+  bool handled;
+  TSR_CHECK(tsr_op_run_rule(t, "add", in, 2, NULL, 0, &plan, 1, out, &handled));
+  if (handled) return TSR_OK;
   TSR_CHECK(tsr_op_new_output(t, a, a->value->ndim, a->value->shape, plan.outputs[0], out));
   if ((*out)->value->local) {
     float *o = tsr_tensor_data((*out)->value->local);
@@ -275,4 +278,103 @@ tsr_status tsr_op_redistribute(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh
   s->mesh = x->value->mesh;
   memcpy(s->placements, x->value->placements, sizeof s->placements);
   return tsr_tape_record(t, "redistribute", &x, 1, out, 1, redistribute_backward, s, NULL);
+}
+
+/* ---- communicating rules ---- */
+
+typedef struct rule_saved {
+  const tsr_op_rule *rule;
+  int dim;
+  void *saved; /* the rule's own */
+  unsigned char attrs[64];
+} rule_saved;
+
+static void rule_saved_free(void *p) {
+  rule_saved *s = p;
+  if (!s) return;
+  if (s->saved) {
+    if (s->rule->free_saved)
+      s->rule->free_saved(s->saved);
+    else
+      free(s->saved);
+  }
+  free(s);
+}
+
+static tsr_status rule_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                                int nout, void *saved) {
+  rule_saved *s = saved;
+  const tsr_dtensor *ins[TSR_MAX_OP_INPUTS], *outs[TSR_MAX_OP_OUTPUTS],
+      *gouts[TSR_MAX_OP_OUTPUTS] = {0};
+  tsr_dtensor *owned[TSR_MAX_OP_OUTPUTS] = {0}, *gins[TSR_MAX_OP_INPUTS] = {0};
+  tsr_status st = TSR_OK;
+  for (int j = 0; j < nin; j++) ins[j] = in[j]->value;
+  for (int k = 0; k < nout && st == TSR_OK; k++) {
+    outs[k] = out[k]->value;
+    if (!out[k]->grad) continue;
+    tsr_placement want[TSR_MAX_MESH_DIMS];
+    tsr_op_grad_placements(mesh_of(out[k]), out[k]->value->placements, want);
+    st = tsr_op_grad_of(t, out[k], want, &gouts[k], &owned[k]);
+  }
+  if (st == TSR_OK)
+    st = s->rule->backward(tsr_tape_rank(t), s->dim, nin, ins, s->attrs, nout, outs, gouts, gins,
+                           s->saved, s->rule->ctx);
+  if (st != TSR_OK) tsr_error_prefix(st, "rule '%s'", s->rule->name);
+  for (int j = 0; j < nin; j++) {
+    if (st == TSR_OK && gins[j])
+      st = tsr_var_accumulate_grad(t, in[j], gins[j]);
+    else
+      tsr_dtensor_free(gins[j]);
+  }
+  for (int k = 0; k < nout; k++) tsr_dtensor_free(owned[k]);
+  return st;
+}
+
+tsr_status tsr_op_run_rule(tsr_tape_t *t, const char *op, tsr_var *const *in, int nin,
+                           const void *attrs, size_t attrs_size, const tsr_op_placements *plan,
+                           int nout, tsr_var **outs, bool *handled) {
+  *handled = false;
+  const tsr_mesh_t *m = mesh_of(in[0]);
+  int dim = -1;
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) {
+    if (!plan->rules[i] || !plan->rules[i]->compute) continue;
+    if (dim >= 0)
+      return TSR_ERROR(TSR_ENOTSUP,
+                       "op '%s': rules '%s' (mesh dim '%s') and '%s' (mesh dim '%s') both "
+                       "communicate; one of the two must hand the op to the other",
+                       op, plan->rules[dim]->name, tsr_mesh_dim_name(m, dim), plan->rules[i]->name,
+                       tsr_mesh_dim_name(m, i));
+    dim = i;
+  }
+  if (dim < 0) return TSR_OK;
+  *handled = true;
+  const tsr_op_rule *rule = plan->rules[dim];
+  rule_saved *s = calloc(1, sizeof *s);
+  if (!s || attrs_size > sizeof s->attrs) {
+    free(s);
+    return TSR_ERROR(TSR_ENOMEM, "op '%s': cannot save the rule's attributes", op);
+  }
+  s->rule = rule;
+  s->dim = dim;
+  if (attrs) memcpy(s->attrs, attrs, attrs_size);
+  const tsr_dtensor *ins[TSR_MAX_OP_INPUTS];
+  tsr_dtensor *o[TSR_MAX_OP_OUTPUTS] = {0};
+  for (int j = 0; j < nin; j++) ins[j] = in[j]->value;
+  tsr_status st =
+      rule->compute(tsr_tape_rank(t), dim, nin, ins, s->attrs, nout, o, &s->saved, rule->ctx);
+  if (st != TSR_OK) tsr_error_prefix(st, "rule '%s' for op '%s'", rule->name, op);
+  for (int k = 0; k < nout; k++) {
+    if (st == TSR_OK && !o[k])
+      st = TSR_ERROR(TSR_EPLUGIN, "rule '%s' for op '%s' made no output %d", rule->name, op, k);
+    if (st == TSR_OK) {
+      st = tsr_tape_new_var(t, o[k], &outs[k]);
+      if (st == TSR_OK) o[k] = NULL;
+    }
+    tsr_dtensor_free(o[k]);
+  }
+  if (st != TSR_OK) {
+    rule_saved_free(s);
+    return st;
+  }
+  return tsr_tape_record(t, op, in, nin, outs, nout, rule_backward, s, rule_saved_free);
 }

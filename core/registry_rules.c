@@ -86,6 +86,11 @@ tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule
     return TSR_ERROR(TSR_EINVAL, "op rule '%s': %d inputs and %d outputs; allowed 1..%d and 1..%d",
                      rule->name, rule->ninputs, rule->noutputs, TSR_MAX_OP_INPUTS,
                      TSR_MAX_OP_OUTPUTS);
+  if (rule->compute && !rule->backward)
+    return TSR_ERROR(TSR_EINVAL,
+                     "op rule '%s' has a compute function but no backward; a rule "
+                     "that computes must also differentiate",
+                     rule->name);
   rule_tables *t;
   TSR_CHECK(tables_of(reg, &t));
   for (int i = 0; i < t->ops.count; i++) {

@@ -32,7 +32,23 @@ typedef struct tsr_op_placements {
 tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
                        int noutputs, tsr_op_placements *plan);
 
-/* ---- Ops ---- */
+/* ---- Op attributes, as a communicating rule's compute receives them ---- */
+
+typedef struct tsr_sdpa_attrs {
+  bool causal;
+} tsr_sdpa_attrs;
+
+typedef struct tsr_rmsnorm_attrs {
+  float eps;
+} tsr_rmsnorm_attrs;
+
+typedef struct tsr_rope_attrs {
+  float theta;
+} tsr_rope_attrs;
+
+/* ---- Ops ----
+ * A rule with a compute function on one mesh dim replaces the op's local kernel (forward and
+ * backward); the other ops' attributes are NULL. */
 
 /* out (B, L, C) = weight[ids]; ids (B, L) i32 (no gradient), weight (V, C). An id outside
  * [0, V) is TSR_EINVAL naming it and its position. */

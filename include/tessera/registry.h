@@ -47,12 +47,23 @@ const tsr_redistribute_rule *tsr_registry_redistribute_at(const tsr_registry_t *
 #define TSR_MAX_OP_INPUTS  4
 #define TSR_MAX_OP_OUTPUTS 2
 
-/* Local computation of a rule. `inputs` are the op's DTensors with the matched placements on mesh
- * dim `dim`; the function sets `outputs` (noutputs entries). `attrs` is op-specific (the op's own
- * header defines it). */
+/* Local computation of a rule that communicates (ring attention, vocab-parallel loss). `inputs`
+ * are the op's DTensors with the matched placements on mesh dim `dim`; the function makes
+ * `outputs` (noutputs DTensors, with the rule's output placements on `dim`). `attrs` is
+ * op-specific (tessera/ops.h defines it per op). It may set *saved to state its backward needs;
+ * the core releases it with the rule's free_saved. */
 typedef tsr_status (*tsr_op_local_fn)(tsr_rank_t *r, int dim, int ninputs,
                                       const tsr_dtensor *const *inputs, const void *attrs,
-                                      int noutputs, tsr_dtensor **outputs, void *ctx);
+                                      int noutputs, tsr_dtensor **outputs, void **saved, void *ctx);
+
+/* Backward of a communicating rule: given the gradients of the outputs (grad_outputs, placed as
+ * the outputs with Partial read as Replicate), makes one gradient per input in grad_inputs (NULL
+ * for an input without gradient), placed as the rule's `grads`. */
+typedef tsr_status (*tsr_op_backward_fn)(tsr_rank_t *r, int dim, int ninputs,
+                                         const tsr_dtensor *const *inputs, const void *attrs,
+                                         int noutputs, const tsr_dtensor *const *outputs,
+                                         const tsr_dtensor *const *grad_outputs,
+                                         tsr_dtensor **grad_inputs, void *saved, void *ctx);
 
 typedef struct tsr_op_rule {
   const char *name;     /* for messages, e.g. "core.matmul.col" or "cp_ring.sdpa" */
@@ -69,7 +80,9 @@ typedef struct tsr_op_rule {
   /* NULL: the op's own kernel on the local tensors gives the local result (the usual case,
    * e.g. a shard-wise matmul); set for rules that communicate, such as ring attention. */
   tsr_op_local_fn compute;
-  void *ctx; /* passed back to compute */
+  tsr_op_backward_fn backward;     /* mandatory with compute */
+  void (*free_saved)(void *saved); /* optional: releases what compute saved; NULL for free() */
+  void *ctx;                       /* passed back to compute and backward */
 } tsr_op_rule;
 
 /* Copies `rule` into the registry. TSR_EINVAL for a missing name or op, counts out of range, or a

@@ -297,6 +297,44 @@ static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,
   return tsr_op_redistribute(t, x, mesh, p, out);
 }
 
+/* Moves an activation to what the loaded strategies' module style says for the module's input
+ * (or output) on each mesh dim that has a style; other dims keep their placement. This is how
+ * tensor and sequence parallelism reach the model: an all-reduce after a row-parallel linear, an
+ * all-gather before a column-parallel one, without a line here that names them. */
+static tsr_status styled(tsr_llama_t *m, tsr_tape_t *t, const char *style, bool output, tsr_var *x,
+                         tsr_var **out) {
+  const tsr_registry_t *reg = tsr_rank_registry(m->r);
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  bool change = false;
+  for (int i = 0; i < tsr_mesh_ndim(m->mesh); i++) {
+    const tsr_module_style *s =
+        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(m->mesh, i)) : NULL;
+    p[i] = s && tsr_mesh_dim_size(m->mesh, i) > 1 ? (output ? s->output : s->input)
+                                                  : x->value->placements[i];
+    change = change || !tsr_placement_equal(p[i], x->value->placements[i]);
+  }
+  if (!change) {
+    *out = x;
+    return TSR_OK;
+  }
+  return tsr_op_redistribute(t, x, m->mesh, p, out);
+}
+
+static tsr_status linear(tsr_llama_t *m, tsr_tape_t *t, const char *style, tsr_var *x, tsr_var *w,
+                         tsr_var **out) {
+  tsr_var *xi, *y;
+  TSR_CHECK(styled(m, t, style, false, x, &xi));
+  TSR_CHECK(tsr_op_linear(t, xi, w, &y));
+  return styled(m, t, style, true, y, out);
+}
+
+static tsr_status rmsnorm(tsr_llama_t *m, tsr_tape_t *t, tsr_var *x, tsr_var *w, tsr_var **out) {
+  tsr_var *xi, *y;
+  TSR_CHECK(styled(m, t, "rmsnorm", false, x, &xi));
+  TSR_CHECK(tsr_op_rmsnorm(t, xi, w, m->cfg.rms_norm_eps, &y));
+  return styled(m, t, "rmsnorm", true, y, out);
+}
+
 /* (B, L, n*D) <-> (B, L, n, D) */
 static tsr_status split_heads(tsr_tape_t *t, tsr_var *x, int heads, int D, tsr_var **out) {
   int64_t shape[4] = {x->value->shape[0], x->value->shape[1], heads, D};
@@ -314,9 +352,9 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   const tsr_llama_config *c = &m->cfg;
   int D = m->head_dim;
   tsr_var *q, *k, *v, *qh, *kh, *vh, *qr, *kr, *a, *am;
-  TSR_CHECK(tsr_op_linear(t, x, y->q_proj, &q));
-  TSR_CHECK(tsr_op_linear(t, x, y->k_proj, &k));
-  TSR_CHECK(tsr_op_linear(t, x, y->v_proj, &v));
+  TSR_CHECK(linear(m, t, "column_linear", x, y->q_proj, &q));
+  TSR_CHECK(linear(m, t, "column_linear", x, y->k_proj, &k));
+  TSR_CHECK(linear(m, t, "column_linear", x, y->v_proj, &v));
   TSR_CHECK(split_heads(t, q, c->num_attention_heads, D, &qh));
   TSR_CHECK(split_heads(t, k, c->num_key_value_heads, D, &kh));
   TSR_CHECK(split_heads(t, v, c->num_key_value_heads, D, &vh));
@@ -324,15 +362,16 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   TSR_CHECK(tsr_op_rope(t, kh, c->rope_theta, &kr));
   TSR_CHECK(tsr_op_sdpa(t, qr, kr, vh, true, &a));
   TSR_CHECK(merge_heads(t, a, &am));
-  return tsr_op_linear(t, am, y->o_proj, out);
+  return linear(m, t, "row_linear", am, y->o_proj, out);
 }
 
-static tsr_status mlp(tsr_tape_t *t, const llama_layer *y, tsr_var *x, tsr_var **out) {
+static tsr_status mlp(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *x,
+                      tsr_var **out) {
   tsr_var *g, *u, *s;
-  TSR_CHECK(tsr_op_linear(t, x, y->gate_proj, &g));
-  TSR_CHECK(tsr_op_linear(t, x, y->up_proj, &u));
+  TSR_CHECK(linear(m, t, "column_linear", x, y->gate_proj, &g));
+  TSR_CHECK(linear(m, t, "column_linear", x, y->up_proj, &u));
   TSR_CHECK(tsr_op_swiglu(t, g, u, &s));
-  return tsr_op_linear(t, s, y->down_proj, out);
+  return linear(m, t, "row_linear", s, y->down_proj, out);
 }
 
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
@@ -340,20 +379,22 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   const tsr_llama_config *c = &m->cfg;
   *logits = NULL;
   if (loss) *loss = NULL;
-  tsr_var *x, *h, *n, *a, *f;
+  tsr_var *x, *e, *h, *n, *a, *f;
   TSR_CHECK(place_input(t, ids, m->mesh, &x));
-  TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &h));
+  TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
+  TSR_CHECK(styled(m, t, "embedding", true, e, &h));
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const llama_layer *y = &m->layers[l];
-    TSR_CHECK(tsr_op_rmsnorm(t, h, y->input_layernorm, c->rms_norm_eps, &n));
+    TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
     TSR_CHECK(attention(m, t, y, n, &a));
     TSR_CHECK(tsr_op_add(t, h, a, &h));
-    TSR_CHECK(tsr_op_rmsnorm(t, h, y->post_attention_layernorm, c->rms_norm_eps, &n));
-    TSR_CHECK(mlp(t, y, n, &f));
+    TSR_CHECK(rmsnorm(m, t, h, y->post_attention_layernorm, &n));
+    TSR_CHECK(mlp(m, t, y, n, &f));
     TSR_CHECK(tsr_op_add(t, h, f, &h));
   }
-  TSR_CHECK(tsr_op_rmsnorm(t, h, m->norm, c->rms_norm_eps, &n));
-  TSR_CHECK(tsr_op_linear(t, n, m->lm_head ? m->lm_head : m->embed_tokens, logits));
+  TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
+  /* Tied: the embedding's weight, placed by the embedding style, serves as lm_head. */
+  TSR_CHECK(linear(m, t, "column_linear", n, m->lm_head ? m->lm_head : m->embed_tokens, logits));
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
   TSR_CHECK(place_input(t, labels, m->mesh, &lab));
