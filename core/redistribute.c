@@ -14,7 +14,8 @@
  *   4. in mesh order, add the new shards: P -> S by reduce-scatter, R -> S by local chunk;
  *   5. R -> P: Partial(sum) keeps the value on coordinate 0 and zeros elsewhere.
  * A cross-mesh move (pipeline stages) first sends each local tensor to the rank at the same
- * coordinates of the target mesh, then changes placements there. Rules registered by plugins
+ * coordinates of the target mesh, then changes placements there; a move between a mesh and one
+ * of its slices is in redistribute_slice.c. Rules registered by plugins
  * are asked first for every mesh dim that changes.
  */
 #include <stdio.h>
@@ -23,6 +24,7 @@
 
 #include "tessera/dtensor.h"
 #include "tessera/registry.h"
+#include "redistribute_impl.h"
 
 /* The planner's working state: x's metadata with the current placements and local tensor. */
 typedef struct plan_state {
@@ -423,11 +425,21 @@ tsr_status tsr_dtensor_redistribute(tsr_rank_t *r, const tsr_dtensor *x, const t
                                     const tsr_placement *placements, tsr_dtensor **out) {
   *out = NULL;
   char a[128], b[128];
-  if (!tsr_mesh_same_shape(x->mesh, mesh))
+  if (!tsr_mesh_same_shape(x->mesh, mesh)) {
+    int coord, k;
+    if ((k = tsr_mesh_slice_of(x->mesh, mesh, &coord)) >= 0) {
+      TSR_CHECK(tsr_dtensor_check_placements(mesh, placements, x->ndim));
+      return tsr_redistribute_to_slice(r, x, mesh, k, placements, out);
+    }
+    if ((k = tsr_mesh_slice_of(mesh, x->mesh, &coord)) >= 0) {
+      TSR_CHECK(tsr_dtensor_check_placements(mesh, placements, x->ndim));
+      return tsr_redistribute_from_slice(r, x, mesh, k, coord, placements, out);
+    }
     return TSR_ERROR(TSR_EINVAL,
-                     "redistribute between meshes of different shapes (%s and %s): a cross-mesh "
-                     "move needs the same dims and sizes",
+                     "redistribute between meshes of different shapes (%s and %s): a move needs "
+                     "the same dims and sizes, or one mesh a slice of the other (tsr_mesh_unbind)",
                      tsr_mesh_str(x->mesh, a, sizeof a), tsr_mesh_str(mesh, b, sizeof b));
+  }
   bool cross = !tsr_mesh_equal(x->mesh, mesh);
   if (cross && !meshes_disjoint(x->mesh, mesh))
     return TSR_ERROR(TSR_EINVAL,

@@ -531,11 +531,12 @@ static void test_registered_transition_is_used(void **state) {
   tsr_mesh_free(rc.mesh);
 }
 
-/* ---- by-dict and errors ---- */
+/* ---- by-dict, slices and errors ---- */
 
 typedef struct misc_case {
-  tsr_mesh_t *mesh, *stage[2];
+  tsr_mesh_t *mesh, *stage[2], *other;
   tsr_status st[4];
+  bool slice_ok[4];
 } misc_case;
 
 static tsr_status run_misc(tsr_comm_t *comm, void *arg) {
@@ -561,8 +562,43 @@ static tsr_status run_misc(tsr_comm_t *comm, void *arg) {
   tsr_placement bad[2] = {tsr_shard(3), tsr_replicate()};
   mc->st[tsr_comm_rank(comm)] = tsr_dtensor_redistribute(r, x, mc->mesh, bad, &y);
   TSR_INVARIANT(strstr(tsr_last_error(), "Shard(3)") != NULL);
-  TSR_INVARIANT(tsr_dtensor_redistribute(r, x, mc->stage[0], rr, &y) == TSR_EINVAL);
+  TSR_INVARIANT(tsr_dtensor_redistribute(r, x, mc->other, rr, &y) == TSR_EINVAL);
   TSR_INVARIANT(strstr(tsr_last_error(), "different shapes") != NULL);
+  /* To a slice (the stage at dp = 1) and back: the slice keeps its ranks' data, the way back
+   * broadcasts along dp; the adjoint of the first move is the second. */
+  tsr_placement s01[2] = {tsr_shard(0), tsr_shard(1)}, s1 = tsr_shard(1);
+  tsr_placement back_p[2] = {tsr_shard(0), tsr_replicate()};
+  tsr_dtensor *xs, *z, *za;
+  tsr_tensor *got;
+  bool ok = true;
+  TSR_CHECK(tsr_dtensor_redistribute(r, x, mc->mesh, s01, &xs));
+  TSR_CHECK(tsr_dtensor_redistribute(r, xs, mc->stage[1], &s1, &y));
+  bool in_stage = tsr_mesh_contains(mc->stage[1], tsr_comm_rank(comm));
+  ok = ok && (y->local != NULL) == in_stage;
+  if (in_stage) {
+    TSR_CHECK(tsr_dtensor_full_tensor(r, y, &got));
+    ok = ok && tsr_tensor_equal(got, full);
+    tsr_tensor_free(got);
+  }
+  tsr_comm_bytes_reset(comm);
+  TSR_CHECK(tsr_dtensor_redistribute(r, y, mc->mesh, back_p, &z));
+  /* along dp only the broadcast moves data: the stage's full 4 x 6 x 2 floats (gathered on the
+   * stage first, counted under ulysses_cp), which the parent then chunks along dp */
+  ok = ok && tsr_comm_bytes(comm, "dp") == (in_stage ? 4 * 6 * 2 * 4u : 0u);
+  TSR_CHECK(tsr_dtensor_full_tensor(r, z, &got));
+  ok = ok && tsr_tensor_equal(got, full);
+  tsr_tensor_free(got);
+  TSR_CHECK(tsr_dtensor_redistribute_adjoint(r, y, mc->mesh, s01, &za));
+  ok = ok && tsr_placement_equal(za->placements[0], s01[0]) &&
+       tsr_placement_equal(za->placements[1], s01[1]);
+  TSR_CHECK(tsr_dtensor_full_tensor(r, za, &got));
+  ok = ok && tsr_tensor_equal(got, full);
+  tsr_tensor_free(got);
+  mc->slice_ok[tsr_comm_rank(comm)] = ok;
+  tsr_dtensor_free(xs);
+  tsr_dtensor_free(y);
+  tsr_dtensor_free(z);
+  tsr_dtensor_free(za);
   tsr_dtensor_free(x);
   tsr_tensor_free(full);
   tsr_rank_free(r);
@@ -580,9 +616,14 @@ static void test_by_dict_and_errors(void **state) {
   mc.stage[0] = st[0];
   mc.stage[1] = st[1];
   free(st);
+  int four[1] = {4};
+  const char *tp[1] = {"tp"};
+  assert_int_equal(tsr_mesh_init(4, 1, four, tp, &mc.other), TSR_OK);
   tsr_status s = tsr_local_launch(4, 30.0, run_misc, &mc);
   if (s != TSR_OK) fail_msg("%s", tsr_last_error());
   for (int q = 0; q < 4; q++) assert_int_equal(mc.st[q], TSR_EINVAL);
+  for (int q = 0; q < 4; q++) assert_true(mc.slice_ok[q]);
+  tsr_mesh_free(mc.other);
   tsr_mesh_free(mc.stage[0]);
   tsr_mesh_free(mc.stage[1]);
   tsr_mesh_free(mc.mesh);
