@@ -17,7 +17,9 @@ typedef struct tsr_registry_t tsr_registry_t; /* see tessera/registry.h */
 
 /* A rank context over `comm` (borrowed). `registry` (borrowed, may be NULL) supplies the rules
  * that loaded plugins registered; it is read-only while ranks run. The context owns a CPU
- * allocator whose counters measure this rank's memory. */
+ * allocator whose counters measure this rank's memory: every tensor made from it (the locals of
+ * the DTensors the core makes, and tsr_dtensor_full_tensor's results) must be freed before
+ * tsr_rank_free; copy one with tsr_tensor_cast to keep it longer. */
 tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_rank_t **out);
 void tsr_rank_free(tsr_rank_t *r);
 

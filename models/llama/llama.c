@@ -31,7 +31,10 @@ typedef struct llama_layer {
 
 struct tsr_llama_t {
   tsr_rank_t *r;
-  const tsr_mesh_t *mesh;
+  const tsr_mesh_t *mesh; /* the job's mesh */
+  tsr_mesh_t **stages;    /* (nstages) unbind(mesh, "pp"): one mesh per pipeline stage */
+  int nstages;
+  int *layer_stage; /* (num_hidden_layers) */
   tsr_llama_config cfg;
   int head_dim;
   tsr_var *embed_tokens; /* (V, C) */
@@ -91,6 +94,7 @@ typedef enum param_init { INIT_NORMAL = 0, INIT_ONES = 1 } param_init;
 
 typedef struct param_spec {
   tsr_var **slot;
+  int stage;         /* pipeline stage whose ranks hold it */
   const char *style; /* module style that places it */
   int ndim;
   int64_t shape[2];
@@ -99,11 +103,12 @@ typedef struct param_spec {
 
 /* Placement of a parameter on every mesh dim: what the dim's strategy registered for the
  * module style, Replicate where none did. */
-static void param_placements(const tsr_llama_t *m, const char *style, tsr_placement *p) {
+static void param_placements(const tsr_llama_t *m, const tsr_mesh_t *mesh, const char *style,
+                             tsr_placement *p) {
   const tsr_registry_t *reg = tsr_rank_registry(m->r);
-  for (int i = 0; i < tsr_mesh_ndim(m->mesh); i++) {
+  for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
     const tsr_module_style *s =
-        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(m->mesh, i)) : NULL;
+        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(mesh, i)) : NULL;
     p[i] = tsr_module_style_param(s, "weight");
   }
 }
@@ -148,13 +153,13 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
     goto cleanup;
   }
   for (int i = 0; i < n; i++) {
-    param_placements(m, specs[i].style, pl[i]);
-    TSR_CHECK_GOTO(tsr_dtensor_check_placements(m->mesh, pl[i], specs[i].ndim), st);
-    if (!tsr_dtensor_local_shape(m->mesh, pl[i], specs[i].ndim, specs[i].shape, tsr_rank_id(m->r),
-                                 ls[i], NULL)) {
-      st = TSR_ERROR(TSR_EINVAL, "rank %d is not in the model's mesh", tsr_rank_id(m->r));
-      goto cleanup;
-    }
+    const tsr_mesh_t *mesh = m->stages[specs[i].stage];
+    param_placements(m, mesh, specs[i].style, pl[i]);
+    TSR_CHECK_GOTO(tsr_dtensor_check_placements(mesh, pl[i], specs[i].ndim), st);
+    /* a rank of another stage holds nothing of this parameter */
+    if (!tsr_dtensor_local_shape(mesh, pl[i], specs[i].ndim, specs[i].shape, tsr_rank_id(m->r),
+                                 ls[i], NULL))
+      ls[i][0] = ls[i][1] = 0;
     total += specs[i].ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
   }
   /* One allocation for every parameter of this rank, as the locals of their DTensors. */
@@ -164,15 +169,17 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
     const param_spec *s = &specs[i];
     TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, s->ndim, s->shape, &full), st);
     fill_init(full, s->init, seed, (uint64_t)i);
-    TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, m->mesh, full, pl[i], &dist), st);
+    TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, m->stages[s->stage], full, pl[i], &dist), st);
     int64_t count = s->ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
-    TSR_CHECK_GOTO(tsr_tensor_narrow(m->storage, 0, at, count, &piece), st);
-    tsr_tensor *view = NULL;
-    TSR_CHECK_GOTO(tsr_tensor_reshape(piece, s->ndim, ls[i], &view), st);
-    st = tsr_tensor_copy(view, dist->local);
-    tsr_tensor_free(dist->local);
-    dist->local = view;
-    TSR_CHECK_GOTO(st, st);
+    if (dist->local) {
+      TSR_CHECK_GOTO(tsr_tensor_narrow(m->storage, 0, at, count, &piece), st);
+      tsr_tensor *view = NULL;
+      TSR_CHECK_GOTO(tsr_tensor_reshape(piece, s->ndim, ls[i], &view), st);
+      st = tsr_tensor_copy(view, dist->local);
+      tsr_tensor_free(dist->local);
+      dist->local = view;
+      TSR_CHECK_GOTO(st, st);
+    }
     TSR_CHECK_GOTO(tsr_var_new_leaf(dist, true, m->names[i], s->slot), st);
     dist = NULL;
     m->params[i] = *s->slot;
@@ -202,6 +209,11 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
   m->cfg = *cfg;
   m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
   int Lyr = cfg->num_hidden_layers, n = 2 + 9 * Lyr + (cfg->tie_word_embeddings ? 0 : 1);
+  tsr_status st = tsr_mesh_unbind(mesh, "pp", &m->stages, &m->nstages);
+  if (st != TSR_OK) {
+    free(m);
+    return st;
+  }
   int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
   int64_t Q = (int64_t)cfg->num_attention_heads * m->head_dim;
   int64_t KV = (int64_t)cfg->num_key_value_heads * m->head_dim;
@@ -209,16 +221,24 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
   m->params = calloc((size_t)n, sizeof *m->params);
   m->names = calloc((size_t)n, sizeof *m->names);
   param_spec *specs = calloc((size_t)n, sizeof *specs);
-  tsr_status st = TSR_OK;
-  if (!m->layers || !m->params || !m->names || !specs) {
+  m->layer_stage = calloc((size_t)Lyr, sizeof *m->layer_stage);
+  if (!m->layers || !m->params || !m->names || !specs || !m->layer_stage) {
     st = TSR_ERROR(TSR_ENOMEM, "out of memory allocating the model");
     goto cleanup;
   }
   m->nparams = n;
-  int k = 0;
+  if (m->nstages > Lyr) {
+    st = TSR_ERROR(TSR_EINVAL,
+                   "mesh dim 'pp' has %d stages but the model has %d layers; every stage needs at "
+                   "least one layer: lower pp or raise num_hidden_layers",
+                   m->nstages, Lyr);
+    goto cleanup;
+  }
+  tsr_llama_assign_layers(Lyr, m->nstages, m->layer_stage);
+  int k = 0, last = m->nstages - 1, stage = 0;
   /* Specs in HF order; layer names get the layer index. */
 #define PARAM(slot_, style_, rows, cols, init_)                                                    \
-  (specs[k++] = (param_spec){&(slot_), style_, (cols) ? 2 : 1, {rows, cols}, init_})
+  (specs[k++] = (param_spec){&(slot_), stage, style_, (cols) ? 2 : 1, {rows, cols}, init_})
   snprintf(m->names[k], NAME_LEN, "model.embed_tokens.weight");
   PARAM(m->embed_tokens, "embedding", V, C, INIT_NORMAL);
   static const char *const layer_names[9] = {
@@ -227,6 +247,7 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
       "mlp.down_proj",    "input_layernorm",  "post_attention_layernorm"};
   for (int l = 0; l < Lyr; l++) {
     llama_layer *y = &m->layers[l];
+    stage = m->layer_stage[l];
     for (int j = 0; j < 9; j++)
       snprintf(m->names[k + j], NAME_LEN, "model.layers.%d.%s.weight", l, layer_names[j]);
     PARAM(y->q_proj, "column_linear", Q, C, INIT_NORMAL);
@@ -239,6 +260,7 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
     PARAM(y->input_layernorm, "rmsnorm", C, 0, INIT_ONES);
     PARAM(y->post_attention_layernorm, "rmsnorm", C, 0, INIT_ONES);
   }
+  stage = last; /* the final norm and lm_head close the last stage */
   snprintf(m->names[k], NAME_LEN, "model.norm.weight");
   PARAM(m->norm, "rmsnorm", C, 0, INIT_ONES);
   if (!cfg->tie_word_embeddings) {
@@ -260,10 +282,27 @@ void tsr_llama_free(tsr_llama_t *m) {
   if (!m) return;
   for (int i = 0; i < m->nparams; i++) tsr_var_free(m->params[i]);
   tsr_tensor_free(m->storage);
+  for (int i = 0; i < m->nstages; i++) tsr_mesh_free(m->stages[i]);
+  free(m->stages);
+  free(m->layer_stage);
   free(m->params);
   free(m->names);
   free(m->layers);
   free(m);
+}
+
+void tsr_llama_assign_layers(int num_layers, int num_stages, int *stage_of_layer) {
+  /* as even as possible; the first num_layers % num_stages stages take one layer more */
+  int base = num_layers / num_stages, extra = num_layers % num_stages, l = 0;
+  for (int s = 0; s < num_stages; s++)
+    for (int i = 0; i < base + (s < extra); i++) stage_of_layer[l++] = s;
+}
+
+int tsr_llama_stage_count(const tsr_llama_t *m) {
+  return m->nstages;
+}
+const tsr_mesh_t *tsr_llama_stage_mesh(const tsr_llama_t *m, int s) {
+  return m->stages[s];
 }
 
 const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m) {
@@ -304,20 +343,31 @@ static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,
 static tsr_status styled(tsr_llama_t *m, tsr_tape_t *t, const char *style, bool output, tsr_var *x,
                          tsr_var **out) {
   const tsr_registry_t *reg = tsr_rank_registry(m->r);
+  const tsr_mesh_t *mesh = x->value->mesh;
   tsr_placement p[TSR_MAX_MESH_DIMS];
   bool change = false;
-  for (int i = 0; i < tsr_mesh_ndim(m->mesh); i++) {
+  for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
     const tsr_module_style *s =
-        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(m->mesh, i)) : NULL;
-    p[i] = s && tsr_mesh_dim_size(m->mesh, i) > 1 ? (output ? s->output : s->input)
-                                                  : x->value->placements[i];
+        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(mesh, i)) : NULL;
+    p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? (output ? s->output : s->input)
+                                               : x->value->placements[i];
     change = change || !tsr_placement_equal(p[i], x->value->placements[i]);
   }
   if (!change) {
     *out = x;
     return TSR_OK;
   }
-  return tsr_op_redistribute(t, x, m->mesh, p, out);
+  return tsr_op_redistribute(t, x, mesh, p, out);
+}
+
+/* Moves an activation (or a tied weight) to pipeline stage `s`, keeping its placements; a no-op
+ * without pipeline stages. */
+static tsr_status to_stage(tsr_llama_t *m, tsr_tape_t *t, tsr_var *x, int s, tsr_var **out) {
+  if (tsr_mesh_equal(x->value->mesh, m->stages[s])) {
+    *out = x;
+    return TSR_OK;
+  }
+  return tsr_op_redistribute(t, x, m->stages[s], x->value->placements, out);
 }
 
 static tsr_status linear(tsr_llama_t *m, tsr_tape_t *t, const char *style, tsr_var *x, tsr_var *w,
@@ -380,11 +430,13 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   *logits = NULL;
   if (loss) *loss = NULL;
   tsr_var *x, *e, *h, *n, *a, *f;
-  TSR_CHECK(place_input(t, ids, m->mesh, &x));
+  int last = m->nstages - 1;
+  TSR_CHECK(place_input(t, ids, m->stages[0], &x));
   TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
   TSR_CHECK(styled(m, t, "embedding", true, e, &h));
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const llama_layer *y = &m->layers[l];
+    TSR_CHECK(to_stage(m, t, h, m->layer_stage[l], &h));
     TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
     TSR_CHECK(attention(m, t, y, n, &a));
     TSR_CHECK(tsr_op_add(t, h, a, &h));
@@ -392,11 +444,15 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
     TSR_CHECK(mlp(m, t, y, n, &f));
     TSR_CHECK(tsr_op_add(t, h, f, &h));
   }
+  TSR_CHECK(to_stage(m, t, h, last, &h));
   TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
-  /* Tied: the embedding's weight, placed by the embedding style, serves as lm_head. */
-  TSR_CHECK(linear(m, t, "column_linear", n, m->lm_head ? m->lm_head : m->embed_tokens, logits));
+  /* Tied: the embedding's weight, placed by the embedding style, serves as lm_head; with
+   * pipeline stages it travels to the last one, and its gradient comes back the same way. */
+  tsr_var *head = m->lm_head;
+  if (!head) TSR_CHECK(to_stage(m, t, m->embed_tokens, last, &head));
+  TSR_CHECK(linear(m, t, "column_linear", n, head, logits));
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
-  TSR_CHECK(place_input(t, labels, m->mesh, &lab));
+  TSR_CHECK(place_input(t, labels, m->stages[last], &lab));
   return tsr_op_cross_entropy(t, *logits, lab, loss);
 }

@@ -49,11 +49,22 @@ const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m);
 int tsr_llama_param_count(const tsr_llama_t *m);
 tsr_var *tsr_llama_param(tsr_llama_t *m, int i);
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i);
+/* Pipeline stages: the model unbinds the mesh's `pp` dim (one stage without it). Embeddings live
+ * on stage 0, the final norm and lm_head on the last, layer l on tsr_llama_assign_layers' stage;
+ * a rank holds only its stage's parameters (the others have no local tensor), and activations
+ * cross stages by cross-mesh redistribute. */
+int tsr_llama_stage_count(const tsr_llama_t *m);
+const tsr_mesh_t *tsr_llama_stage_mesh(const tsr_llama_t *m, int stage);
+/* Layers as evenly as possible over the stages, earlier stages taking the extra layer:
+ * (4, 2) -> [0, 0, 1, 1], (3, 2) -> [0, 0, 1]. num_stages <= num_layers. */
+void tsr_llama_assign_layers(int num_layers, int num_stages, int *stage_of_layer);
+
 /* Parameter count of the full (unsharded) model, embeddings included. */
 int64_t tsr_llama_num_params(const tsr_llama_config *cfg);
 
 /* Forward on the global batch `ids` (B, L) i32: logits (B, L, V) and, when labels (B, L) i32
- * is given, the mean cross-entropy (-100 ignored). Both vars belong to the tape. */
+ * is given, the mean cross-entropy (-100 ignored). Both vars belong to the tape and live on the
+ * last pipeline stage's mesh. */
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
                              tsr_var **logits, tsr_var **loss);
 

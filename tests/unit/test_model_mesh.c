@@ -1,8 +1,9 @@
 /* The Llama step on meshes that need no strategy-specific rule, against the 1-rank run: the
  * batch sharded over `dp` (even and uneven, so the loss must weigh shards by their tokens), a
- * replicated `tp` beside it, and the gradient sync that falls out of resolving Partial gradients
- * to the parameters' Replicate placement. Also: sharding the sequence without a context-parallel
- * rule for attention is an error naming it. */
+ * replicated `tp` beside it, the gradient sync that falls out of resolving Partial gradients to
+ * the parameters' Replicate placement, and pipeline stages from `pp` run in order (one
+ * micro-batch; the schedules are the pipeline strategy's). Also: sharding the sequence without a
+ * context-parallel rule for attention is an error naming it. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -37,6 +38,8 @@ typedef struct mesh_case {
   int ndim, shape[3];
   const char *names[3];
   int batch, seq;
+  int layers; /* 0: cfg's */
+  bool tied;
   step_result res; /* filled by rank 0 */
   tsr_status st0;
   char msg0[512];
@@ -60,6 +63,28 @@ static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, bo
   return tsr_var_new_leaf(d, false, NULL, out);
 }
 
+/* The full tensor on every rank of the job's mesh `m`, also for a value that lives on one
+ * pipeline stage (the move from the stage to the whole mesh broadcasts along pp). */
+static tsr_status gather(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_dtensor *x,
+                         tsr_tensor **out) {
+  if (tsr_mesh_equal(x->mesh, m)) return tsr_dtensor_full_tensor(r, x, out);
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
+  tsr_dtensor *y;
+  TSR_CHECK(tsr_dtensor_redistribute(r, x, m, rep, &y));
+  tsr_status st = tsr_dtensor_full_tensor(r, y, out);
+  tsr_dtensor_free(y);
+  return st;
+}
+
+/* Keeps a rank's tensor past the rank: a copy that does not use the rank's allocator. */
+static tsr_tensor *keep(tsr_tensor *t) {
+  tsr_tensor *c = NULL;
+  tsr_tensor_cast(t, t->dtype, &c);
+  tsr_tensor_free(t);
+  return c;
+}
+
 static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   mesh_case *mc = arg;
   tsr_rank_t *r = NULL;
@@ -71,7 +96,10 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), mc->ndim, mc->shape, mc->names, &m), st);
-  TSR_CHECK_GOTO(tsr_llama_new(r, m, &cfg, 99, &model), st);
+  tsr_llama_config c = cfg;
+  if (mc->layers) c.num_hidden_layers = mc->layers;
+  c.tie_word_embeddings = mc->tied;
+  TSR_CHECK_GOTO(tsr_llama_new(r, m, &c, 99, &model), st);
   TSR_CHECK_GOTO(batch_var(r, m, mc->batch, mc->seq, false, &ids), st);
   TSR_CHECK_GOTO(batch_var(r, m, mc->batch, mc->seq, true, &labels), st);
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
@@ -86,14 +114,14 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   }
   TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
   tsr_tensor *full;
-  TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, logits->value, &full), st);
+  TSR_CHECK_GOTO(gather(r, m, logits->value, &full), st);
   if (me0)
-    mc->res.logits = full;
+    mc->res.logits = keep(full);
   else
     tsr_tensor_free(full);
-  TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, loss->value, &full), st);
+  TSR_CHECK_GOTO(gather(r, m, loss->value, &full), st);
   if (me0)
-    mc->res.loss = full;
+    mc->res.loss = keep(full);
   else
     tsr_tensor_free(full);
   mc->res.nparams = tsr_llama_param_count(model);
@@ -101,11 +129,11 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
     tsr_var *p = tsr_llama_param(model, i);
     TSR_CHECK_GOTO(tsr_var_resolve_grad(t, p), st);
     /* the gradient now has the parameter's placements: replicated over every dim */
-    for (int k = 0; k < tsr_mesh_ndim(m); k++)
+    for (int k = 0; k < tsr_mesh_ndim(p->grad->mesh); k++)
       TSR_INVARIANT(p->grad->placements[k].kind == TSR_REPLICATE);
-    TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, p->grad, &full), st);
+    TSR_CHECK_GOTO(gather(r, m, p->grad, &full), st);
     if (me0)
-      mc->res.grads[i] = full;
+      mc->res.grads[i] = keep(full);
     else
       tsr_tensor_free(full);
   }
@@ -133,10 +161,16 @@ static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *w
       fail_msg("%s[%lld]: %.8g on the mesh, %.8g on one rank", what, (long long)i, x[i], y[i]);
 }
 
-static void run_and_compare(int world, int ndim, const int *shape, const char *const *names,
-                            int batch, int seq) {
-  mesh_case one = {.ndim = 1, .shape = {1}, .names = {"dp"}, .batch = batch, .seq = seq};
-  mesh_case many = {.ndim = ndim, .batch = batch, .seq = seq};
+static void run_model_variant(int world, int ndim, const int *shape, const char *const *names,
+                              int batch, int seq, int layers, bool tied) {
+  mesh_case one = {.ndim = 1,
+                   .shape = {1},
+                   .names = {"dp"},
+                   .batch = batch,
+                   .seq = seq,
+                   .layers = layers,
+                   .tied = tied};
+  mesh_case many = {.ndim = ndim, .batch = batch, .seq = seq, .layers = layers, .tied = tied};
   for (int i = 0; i < ndim; i++) {
     many.shape[i] = shape[i];
     many.names[i] = names[i];
@@ -150,6 +184,11 @@ static void run_and_compare(int world, int ndim, const int *shape, const char *c
     expect_close(many.res.grads[i], one.res.grads[i], "grad");
   result_free(&one.res);
   result_free(&many.res);
+}
+
+static void run_and_compare(int world, int ndim, const int *shape, const char *const *names,
+                            int batch, int seq) {
+  run_model_variant(world, ndim, shape, names, batch, seq, 0, false);
 }
 
 static void test_dp2_even_batch(void **s) {
@@ -172,6 +211,55 @@ static void test_dp2_with_replicated_tp(void **s) {
   run_and_compare(4, 2, shape, names, 3, 4);
 }
 
+static void test_pp2_stages(void **s) {
+  int shape[1] = {2};
+  const char *names[1] = {"pp"};
+  run_and_compare(2, 1, shape, names, 3, 5);
+}
+
+static void test_pp2_uneven_layers(void **s) {
+  /* 3 layers over 2 stages: [0, 0, 1] */
+  int shape[1] = {2};
+  const char *names[1] = {"pp"};
+  run_model_variant(2, 1, shape, names, 2, 4, 3, false);
+}
+
+static void test_pp3(void **s) {
+  int shape[1] = {3};
+  const char *names[1] = {"pp"};
+  run_model_variant(3, 1, shape, names, 2, 4, 3, false);
+}
+
+static void test_pp2_tied_embeddings(void **s) {
+  /* the embedding weight serves lm_head on the last stage; its gradient returns to stage 0 */
+  int shape[1] = {2};
+  const char *names[1] = {"pp"};
+  run_model_variant(2, 1, shape, names, 2, 4, 0, true);
+}
+
+static void test_dp2_pp2(void **s) {
+  int shape[3] = {2, 2, 1};
+  const char *names[3] = {"dp", "pp", "tp"};
+  run_and_compare(4, 3, shape, names, 4, 3);
+}
+
+static void test_assign_layers(void **s) {
+  int st[4];
+  tsr_llama_assign_layers(4, 2, st);
+  assert_int_equal(st[0], 0);
+  assert_int_equal(st[1], 0);
+  assert_int_equal(st[2], 1);
+  assert_int_equal(st[3], 1);
+  tsr_llama_assign_layers(3, 2, st);
+  assert_int_equal(st[1], 0);
+  assert_int_equal(st[2], 1);
+  tsr_llama_assign_layers(4, 3, st);
+  assert_int_equal(st[0], 0);
+  assert_int_equal(st[1], 0);
+  assert_int_equal(st[2], 1);
+  assert_int_equal(st[3], 2);
+}
+
 static void test_sequence_shard_needs_a_cp_rule(void **s) {
   mesh_case mc = {.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .batch = 2, .seq = 6};
   if (tsr_local_launch(2, 30.0, run_step, &mc) != TSR_OK) fail_msg("%s", tsr_last_error());
@@ -184,6 +272,12 @@ int main(void) {
       cmocka_unit_test(test_dp2_even_batch),
       cmocka_unit_test(test_dp4_uneven_batch),
       cmocka_unit_test(test_dp2_with_replicated_tp),
+      cmocka_unit_test(test_pp2_stages),
+      cmocka_unit_test(test_pp2_uneven_layers),
+      cmocka_unit_test(test_pp3),
+      cmocka_unit_test(test_pp2_tied_embeddings),
+      cmocka_unit_test(test_dp2_pp2),
+      cmocka_unit_test(test_assign_layers),
       cmocka_unit_test(test_sequence_shard_needs_a_cp_rule),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
