@@ -23,8 +23,9 @@ typedef struct tsr_app_job {
   tsr_mesh_t *mesh;
 } tsr_app_job;
 
-/* Loads everything; on failure prints the error to stderr and frees what was made. */
-tsr_status tsr_app_job_open(const char *path, tsr_app_job *job);
+/* Loads everything, applying `nset` "section.key=value" overrides (tsr_config_set) to the job file
+ * before its plugins load; on failure prints the error to stderr and frees what was made. */
+tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets, tsr_app_job *job);
 void tsr_app_job_close(tsr_app_job *job);
 /* Prints the mesh (rank -> coordinates), dim owners, plugins and registry contents. */
 void tsr_app_print_plan(const tsr_app_job *job, FILE *f);
@@ -33,6 +34,7 @@ int tsr_cmd_plugins(int argc, char **argv);
 int tsr_cmd_plan(int argc, char **argv);
 int tsr_cmd_run(int argc, char **argv);
 int tsr_cmd_ini_reference(int argc, char **argv);
+int tsr_cmd_compare(int argc, char **argv);
 
 /* True when argv holds -h or --help. */
 bool tsr_app_wants_help(int argc, char **argv);

@@ -1,4 +1,4 @@
-/* `tessera plan` and `tessera run`. */
+/* `tessera plan`, and the job loading that `plan` and `run` share. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +11,11 @@
 /* Beyond this many ranks the plan prints the first and last few: the pattern is the point. */
 #define PLAN_MAX_RANKS 32
 
-tsr_status tsr_app_job_open(const char *path, tsr_app_job *job) {
+tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets, tsr_app_job *job) {
   memset(job, 0, sizeof *job);
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_config_load(path, &job->cfg), st);
+  for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;
@@ -81,8 +82,8 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
           tsr_registry_redistribute_count(job->reg), tsr_registry_op_rule_count(job->reg),
           tsr_registry_module_style_count(job->reg), tsr_registry_schedule_count(job->reg),
           tsr_registry_optim_hook_count(job->reg));
-  fprintf(f, "parameters: not listed yet: the model is not implemented in this build, so there "
-             "are no parameter placements or per-rank bytes to show\n");
+  fprintf(f, "parameters: not listed by plan yet; `tessera run` builds the model and logs the "
+             "peak bytes per rank\n");
 }
 
 static const char plan_usage[] =
@@ -93,15 +94,6 @@ static const char plan_usage[] =
     "registered. Nothing runs.\n"
     "\n"
     "exit codes: 0 valid, 1 runtime failure, 2 bad input (file:line:key errors on stderr)\n";
-
-static const char run_usage[] =
-    "usage: tessera run JOB.ini\n"
-    "\n"
-    "Validates the job, loads its plugins, starts [mesh] shape's product of ranks on [job]\n"
-    "backend and runs the job. Backends built in: local (ranks are threads of this process).\n"
-    "\n"
-    "exit codes: 0 success, 1 runtime failure (a rank failed, backend or device not built),\n"
-    "            2 bad input (file:line:key errors on stderr)\n";
 
 /* Parses "CMD JOB.ini": returns the path or NULL after printing why. */
 static const char *job_arg(int argc, char **argv, const char *usage, int *code) {
@@ -136,73 +128,9 @@ int tsr_cmd_plan(int argc, char **argv) {
   const char *path = job_arg(argc, argv, plan_usage, &code);
   if (!path) return code;
   tsr_app_job job;
-  tsr_status st = tsr_app_job_open(path, &job);
+  tsr_status st = tsr_app_job_open(path, 0, NULL, &job);
   if (st != TSR_OK) return tsr_app_exit_code(st);
   tsr_app_print_plan(&job, stdout);
-  tsr_app_job_close(&job);
-  return TSR_EXIT_OK;
-}
-
-/* What each rank of `tessera run` needs; shared read-only by the rank threads. */
-typedef struct run_ctx {
-  const tsr_app_job *job;
-} run_ctx;
-
-static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
-  const run_ctx *ctx = arg;
-  const tsr_app_job *job = ctx->job;
-  tsr_rank_t *r = NULL;
-  tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &r), st);
-  tsr_group_t *all;
-  uint32_t mask = (1u << tsr_mesh_ndim(job->mesh)) - 1u;
-  TSR_CHECK_GOTO(tsr_mesh_group(job->mesh, comm, mask, &all), st);
-  TSR_CHECK_GOTO(tsr_comm_barrier(all), st);
-  if (tsr_rank_id(r) == 0) {
-    tsr_app_print_plan(job, stdout);
-    printf("run: %d ranks started on backend %s and reached a barrier\n", tsr_rank_world(r),
-           tsr_comm_backend(comm));
-  }
-cleanup:
-  tsr_rank_free(r);
-  return st;
-}
-
-int tsr_cmd_run(int argc, char **argv) {
-  int code;
-  const char *path = job_arg(argc, argv, run_usage, &code);
-  if (!path) return code;
-  tsr_app_job job;
-  tsr_status st = tsr_app_job_open(path, &job);
-  if (st != TSR_OK) return tsr_app_exit_code(st);
-  const tsr_config *c = job.cfg;
-  int line = tsr_config_line(c, "job", "backend");
-  if (strcmp(c->job.backend, "local")) {
-    fprintf(stderr,
-            "%s:%d: [job] backend: backend '%s' is not built in this tessera; only 'local' is. "
-            "Use backend = local (ranks as threads of one process) for now\n",
-            c->path, line, c->job.backend);
-    tsr_app_job_close(&job);
-    return TSR_EXIT_RUNTIME;
-  }
-  if (c->job.device == TSR_DEVICE_CUDA) {
-    fprintf(stderr,
-            "%s:%d: [job] device: device 'cuda' is not built in this tessera; use device = cpu\n",
-            c->path, tsr_config_line(c, "job", "device"));
-    tsr_app_job_close(&job);
-    return TSR_EXIT_RUNTIME;
-  }
-  run_ctx ctx = {&job};
-  st = tsr_local_launch((int)c->mesh.world, c->job.timeout_s, run_rank, &ctx);
-  if (st != TSR_OK) {
-    fprintf(stderr, "tessera run: %s\n", tsr_last_error());
-    tsr_app_job_close(&job);
-    return tsr_app_exit_code(st) == TSR_EXIT_BAD_INPUT ? TSR_EXIT_RUNTIME : tsr_app_exit_code(st);
-  }
-  printf("run: mode = %s needs the Llama model, which is not implemented in this build yet: the "
-         "job was validated, its plugins loaded and its mesh set up; there is nothing more to "
-         "run\n",
-         c->job.mode == TSR_MODE_TRAIN ? "train" : "forward");
   tsr_app_job_close(&job);
   return TSR_EXIT_OK;
 }

@@ -11,7 +11,8 @@ static const char usage[] =
     "commands:\n"
     "  plugins [--path DIRS] [FILE.so ...]  list the plugins on the search path, or check files\n"
     "  plan JOB.ini                         validate a job; print its mesh and dim owners\n"
-    "  run JOB.ini                          validate a job and run it on its backend\n"
+    "  run JOB.ini [--set S.K=V] [--dump F] validate a job and run it (train or forward)\n"
+    "  compare A B [--rtol R] [--atol A]    compare two dumps tensor by tensor\n"
     "  ini-reference                        print the job-file reference (docs/ini-reference.md)\n"
     "  help                                 this text\n"
     "\n"
@@ -63,8 +64,9 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "plan")) return tsr_cmd_plan(argc - 1, argv + 1);
   if (!strcmp(cmd, "run")) return tsr_cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "ini-reference")) return tsr_cmd_ini_reference(argc - 1, argv + 1);
-  static const char *const cmds[] = {"plugins", "plan", "run", "ini-reference", "help"};
-  const char *hint = tsr_closest_name(cmd, cmds, 5);
+  if (!strcmp(cmd, "compare")) return tsr_cmd_compare(argc - 1, argv + 1);
+  static const char *const cmds[] = {"plugins", "plan", "run", "ini-reference", "compare", "help"};
+  const char *hint = tsr_closest_name(cmd, cmds, 6);
   if (hint)
     fprintf(stderr, "tessera: unknown command '%s'; did you mean '%s'?\n", cmd, hint);
   else

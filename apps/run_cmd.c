@@ -1,0 +1,150 @@
+/* `tessera run`: option parsing, backend checks, then the training loop (train.c). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "app.h"
+#include "train.h"
+
+#define MAX_SETS 64
+
+static const char run_usage[] =
+    "usage: tessera run JOB.ini [options]\n"
+    "\n"
+    "Validates the job, loads its plugins, starts [mesh] shape's product of ranks on [job]\n"
+    "backend and runs it: mode = train runs [job] steps optimizer steps, mode = forward runs\n"
+    "[job] steps forward passes. Rank 0 logs one line per step (loss, lr, grad norm, tokens/s,\n"
+    "FLOP/s and MFU against the sgemm peak measured at start-up, peak memory over ranks, bytes\n"
+    "sent per mesh dim). Backends built in: local (ranks are threads of this process).\n"
+    "\n"
+    "options:\n"
+    "  --set SECTION.KEY=VALUE  override a job-file key (repeatable); relative paths are taken\n"
+    "                           from the current directory\n"
+    "  --dump PATH              shorthand for --set output.dump=PATH\n"
+    "  --stop-at STEP           stop after optimizer step STEP and save the checkpoint there;\n"
+    "                           the lr schedule still spans [job] steps (for resumable runs)\n"
+    "  --json                   one JSON object per step instead of the human log line\n"
+    "  --no-progress            plain lines even on a terminal\n"
+    "  --no-peak                skip the sgemm peak measurement (no MFU in the log)\n"
+    "\n"
+    "exit codes: 0 success, 1 runtime failure (a rank failed, backend or device not built),\n"
+    "            2 bad input (file:line:key errors on stderr; bad checkpoint, data or options)\n";
+
+/* Keys whose values are paths, with the prefix before the path ("text:" for data sources). */
+static bool is_path_key(const char *assignment) {
+  static const char *const keys[] = {
+      "checkpoint.load=", "checkpoint.save=", "output.dump=", "output.trace=", "data.source="};
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (!strncmp(assignment, keys[i], strlen(keys[i]))) return true;
+  return false;
+}
+
+/* A path typed on the command line is relative to the current directory, while the job file's
+ * own paths are relative to the job file: make it absolute so the two cannot be confused. */
+static char *absolute_set(const char *assignment) {
+  const char *eq = strchr(assignment, '=');
+  const char *val = eq ? eq + 1 : assignment;
+  const char *colon = strncmp(assignment, "data.source=", 12) ? NULL : strchr(val, ':');
+  const char *path = colon ? colon + 1 : val;
+  char cwd[TSR_MAX_PATH];
+  size_t len = strlen(assignment) + TSR_MAX_PATH + 2;
+  char *out = malloc(len);
+  if (!out) return NULL;
+  if (!is_path_key(assignment) || !path[0] || path[0] == '/' || !getcwd(cwd, sizeof cwd) ||
+      (!colon && !strncmp(assignment, "data.source=", 12))) {
+    snprintf(out, len, "%s", assignment);
+    return out;
+  }
+  snprintf(out, len, "%.*s%s/%s", (int)(path - assignment), assignment, cwd, path);
+  return out;
+}
+
+int tsr_cmd_run(int argc, char **argv) {
+  if (tsr_app_wants_help(argc, argv)) {
+    fputs(run_usage, stdout);
+    return TSR_EXIT_OK;
+  }
+  const char *path = NULL;
+  char *sets[MAX_SETS];
+  int nset = 0, code = TSR_EXIT_OK;
+  tsr_train_opts opts = {0, isatty(STDOUT_FILENO) != 0, false, 0.3, stdout};
+  for (int i = 1; i < argc && code == TSR_EXIT_OK; i++) {
+    const char *a = argv[i];
+    bool takes = !strcmp(a, "--set") || !strcmp(a, "--dump") || !strcmp(a, "--stop-at");
+    if (takes && i + 1 >= argc) {
+      fprintf(stderr, "tessera run: %s needs a value\n%s", a, run_usage);
+      code = TSR_EXIT_BAD_INPUT;
+    } else if (takes && nset >= MAX_SETS) {
+      fprintf(stderr, "tessera run: more than %d overrides\n", MAX_SETS);
+      code = TSR_EXIT_BAD_INPUT;
+    } else if (!strcmp(a, "--set")) {
+      sets[nset] = absolute_set(argv[++i]);
+      if (sets[nset]) nset++;
+    } else if (!strcmp(a, "--dump")) {
+      size_t len = strlen(argv[i + 1]) + 16;
+      char *s = malloc(len);
+      if (s) snprintf(s, len, "output.dump=%s", argv[++i]);
+      if (s) sets[nset] = absolute_set(s);
+      if (s && sets[nset]) nset++;
+      free(s);
+    } else if (!strcmp(a, "--stop-at")) {
+      char *end;
+      opts.stop_at = strtoll(argv[++i], &end, 10);
+      if (*end || opts.stop_at < 1) {
+        fprintf(stderr, "tessera run: --stop-at '%s': expected a step number >= 1\n", argv[i]);
+        code = TSR_EXIT_BAD_INPUT;
+      }
+    } else if (!strcmp(a, "--json")) {
+      opts.json = true;
+    } else if (!strcmp(a, "--no-progress")) {
+      opts.progress = false;
+    } else if (!strcmp(a, "--no-peak")) {
+      opts.peak_secs = 0;
+    } else if (a[0] == '-') {
+      fprintf(stderr, "tessera run: unknown option '%s'\n%s", a, run_usage);
+      code = TSR_EXIT_BAD_INPUT;
+    } else if (path) {
+      fprintf(stderr, "tessera run: one job file only ('%s' and '%s')\n", path, a);
+      code = TSR_EXIT_BAD_INPUT;
+    } else {
+      path = a;
+    }
+  }
+  if (code == TSR_EXIT_OK && !path) {
+    fprintf(stderr, "tessera run: missing JOB.ini\n%s", run_usage);
+    code = TSR_EXIT_BAD_INPUT;
+  }
+  if (opts.json) opts.progress = false;
+  tsr_app_job job;
+  memset(&job, 0, sizeof job);
+  if (code == TSR_EXIT_OK) {
+    tsr_status st = tsr_app_job_open(path, nset, (const char *const *)sets, &job);
+    if (st != TSR_OK) code = tsr_app_exit_code(st);
+  }
+  if (code == TSR_EXIT_OK && strcmp(job.cfg->job.backend, "local")) {
+    fprintf(stderr,
+            "%s:%d: [job] backend: backend '%s' is not built in this tessera; only 'local' is. "
+            "Use backend = local (ranks as threads of one process) for now\n",
+            job.cfg->path, tsr_config_line(job.cfg, "job", "backend"), job.cfg->job.backend);
+    code = TSR_EXIT_RUNTIME;
+  }
+  if (code == TSR_EXIT_OK && job.cfg->job.device == TSR_DEVICE_CUDA) {
+    fprintf(stderr,
+            "%s:%d: [job] device: device 'cuda' is not built in this tessera; use device = cpu\n",
+            job.cfg->path, tsr_config_line(job.cfg, "job", "device"));
+    code = TSR_EXIT_RUNTIME;
+  }
+  if (code == TSR_EXIT_OK) {
+    tsr_status st = tsr_train_run(&job, &opts);
+    if (st != TSR_OK) {
+      if (opts.progress) fputc('\n', stdout);
+      fflush(stdout);
+      fprintf(stderr, "tessera run: %s\n", tsr_last_error());
+      code = tsr_app_exit_code(st);
+    }
+  }
+  if (job.cfg) tsr_app_job_close(&job);
+  for (int i = 0; i < nset; i++) free(sets[i]);
+  return code;
+}

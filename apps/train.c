@@ -1,0 +1,356 @@
+/* The training loop: every rank runs run_rank; rank 0 also writes the log and the files. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "tessera/io.h"
+#include "tessera/kernels.h"
+#include "train.h"
+#include "train_log.h"
+
+/* Shared read-only by the rank threads, except `log`, which only rank 0 touches. */
+typedef struct run_ctx {
+  const tsr_app_job *job;
+  const tsr_train_opts *opts;
+  int threads;
+  tsr_train_log log;
+} run_ctx;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static tsr_llama_config model_config(const tsr_config *c) {
+  tsr_llama_config m = {
+      .vocab_size = (int)c->model.vocab_size,
+      .hidden_size = (int)c->model.hidden_size,
+      .intermediate_size = (int)c->model.intermediate_size,
+      .num_hidden_layers = (int)c->model.num_hidden_layers,
+      .num_attention_heads = (int)c->model.num_attention_heads,
+      .num_key_value_heads = (int)(c->model.num_key_value_heads ? c->model.num_key_value_heads
+                                                                : c->model.num_attention_heads),
+      .rms_norm_eps = (float)c->model.rms_norm_eps,
+      .rope_theta = (float)c->model.rope_theta,
+      .tie_word_embeddings = c->model.tie_word_embeddings,
+  };
+  return m;
+}
+
+/* Every rank ends up with the worst status of any rank: rank-0-only work (writing files) must not
+ * leave the others waiting in the next collective until the timeout. */
+static tsr_status agree(tsr_group_t *all, tsr_status st) {
+  int32_t mine = (int32_t)st, worst = 0;
+  tsr_status cs = tsr_comm_all_reduce(all, &mine, &worst, 1, TSR_I32, TSR_REDUCE_MAX);
+  if (cs != TSR_OK) return cs;
+  if (st == TSR_OK && worst != TSR_OK)
+    return tsr_error((tsr_status)worst, "another rank failed (rank 0 writes the files); see its "
+                                        "message");
+  return st;
+}
+
+/* A leaf var holding rows [row0, row0 + rows) of a (B, L) i32 batch, replicated on every mesh
+ * dim: the model's input styles shard it. */
+static tsr_status batch_var(tsr_train_rank *t, const int32_t *data, int64_t row0, int64_t rows,
+                            int64_t seq, tsr_var **out) {
+  const tsr_mesh_t *mesh = t->job->mesh;
+  int64_t shape[2] = {rows, seq};
+  tsr_tensor *full = NULL;
+  tsr_dtensor *d = NULL;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &full));
+  memcpy(tsr_tensor_data(full), data + row0 * seq, (size_t)(rows * seq) * sizeof(int32_t));
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int k = 0; k < tsr_mesh_ndim(mesh); k++) rep[k] = tsr_replicate();
+  tsr_status st = tsr_dtensor_distribute(t->r, mesh, full, rep, &d);
+  tsr_tensor_free(full);
+  if (st != TSR_OK) return st;
+  st = tsr_var_new_leaf(d, false, NULL, out);
+  if (st != TSR_OK) tsr_dtensor_free(d);
+  return st;
+}
+
+/* The scalar value of a loss var on every rank (collective over its mesh). */
+static tsr_status loss_value(tsr_train_rank *t, const tsr_var *loss, double *out) {
+  tsr_tensor *full = NULL;
+  TSR_CHECK(tsr_dtensor_full_tensor(t->r, loss->value, &full));
+  *out = *(const float *)tsr_tensor_data(full);
+  tsr_tensor_free(full);
+  return TSR_OK;
+}
+
+/* One optimizer step's worth of forward (and, when training, backward) over the microbatches of
+ * one global batch. Fills *loss with the mean microbatch loss; on the dump step adds the logits
+ * and the loss to `dump`. */
+static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const int32_t *ids,
+                                   const int32_t *labels, bool train, tsr_train_dump *dump,
+                                   double *loss) {
+  const tsr_config *c = t->job->cfg;
+  int64_t accum = train ? c->optimizer.grad_accum_steps : 1;
+  int64_t rows = c->data.batch_size / accum, seq = c->data.seq_len;
+  tsr_tensor *parts[64] = {0};
+  tsr_var *x = NULL, *y = NULL;
+  tsr_status st = TSR_OK;
+  bool cat = dump && accum > 1 && accum <= 64;
+  *loss = 0.0;
+  for (int64_t k = 0; k < accum; k++) {
+    tsr_var *logits = NULL, *l = NULL;
+    TSR_CHECK_GOTO(batch_var(t, ids, k * rows, rows, seq, &x), st);
+    TSR_CHECK_GOTO(batch_var(t, labels, k * rows, rows, seq, &y), st);
+    TSR_CHECK_GOTO(tsr_llama_forward(t->model, tape, x, y, &logits, &l), st);
+    double v;
+    TSR_CHECK_GOTO(loss_value(t, l, &v), st);
+    *loss += v / (double)accum;
+    if (dump && accum == 1) {
+      TSR_CHECK_GOTO(tsr_train_dump_add(t, dump, "logits", logits->value), st);
+      TSR_CHECK_GOTO(tsr_train_dump_add(t, dump, "loss", l->value), st);
+    } else if (cat && logits->value->local) {
+      TSR_CHECK_GOTO(tsr_dtensor_full_tensor(t->r, logits->value, &parts[k]), st);
+    }
+    if (train) TSR_CHECK_GOTO(tsr_tape_backward(tape, l), st);
+    tsr_tape_reset(tape);
+    tsr_var_free(x);
+    tsr_var_free(y);
+    x = y = NULL;
+  }
+  if (cat && tsr_rank_id(t->r) == 0 && parts[0]) {
+    tsr_tensor *all = NULL, *scalar = NULL;
+    TSR_CHECK_GOTO(tsr_tensor_cat(parts, (int)accum, 0, &all), st);
+    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "logits", all), st);
+    TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, 0, NULL, &scalar), st);
+    *(float *)tsr_tensor_data(scalar) = (float)*loss;
+    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "loss", scalar), st);
+  }
+cleanup:
+  tsr_tape_reset(tape);
+  tsr_var_free(x);
+  tsr_var_free(y);
+  for (int k = 0; k < 64; k++) tsr_tensor_free(parts[k]);
+  return st;
+}
+
+/* Adds "<prefix><name>" for every parameter's value (grads: which = 1) to the dump. */
+static tsr_status dump_params(tsr_train_rank *t, tsr_train_dump *d, const char *prefix,
+                              bool grads) {
+  for (int i = 0; i < t->nparams; i++) {
+    char name[512];
+    snprintf(name, sizeof name, "%s%s", prefix, t->names[i]);
+    const tsr_dtensor *x = grads ? t->params[i]->grad : t->params[i]->value;
+    TSR_CHECK(tsr_train_dump_add(t, d, name, x));
+  }
+  return TSR_OK;
+}
+
+static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t step, double lr,
+                                 tsr_train_dump *dump, double *gnorm) {
+  const tsr_config *c = t->job->cfg;
+  const tsr_registry_t *reg = tsr_rank_registry(t->r);
+  for (int i = 0; i < t->nparams; i++) {
+    tsr_status st = tsr_var_resolve_grad(tape, t->params[i]);
+    if (st != TSR_OK) return tsr_error_prefix(st, "gradient of %s", t->names[i]);
+  }
+  int64_t accum = c->optimizer.grad_accum_steps;
+  if (accum > 1)
+    for (int i = 0; i < t->nparams; i++) {
+      tsr_dtensor *g = t->params[i]->grad;
+      if (g->local)
+        tsr_kernel_scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local),
+                         (float)(1.0 / (double)accum));
+    }
+  if (dump) TSR_CHECK(dump_params(t, dump, "grad.", true));
+  TSR_CHECK(
+      tsr_clip_grad_norm(t->r, t->job->mesh, t->nparams, t->params, c->optimizer.max_norm, gnorm));
+  tsr_dtensor *vals[1024], *grads[1024];
+  int nh = t->nparams < 1024 ? t->nparams : 1024;
+  for (int i = 0; i < nh; i++) vals[i] = t->params[i]->value, grads[i] = t->params[i]->grad;
+  tsr_optim_step info = {step, lr, t->job->mesh, nh, t->names, vals, grads};
+  if (reg) TSR_CHECK(tsr_registry_run_optim_hooks(reg, t->r, TSR_HOOK_BEFORE_STEP, &info));
+  TSR_CHECK(tsr_adamw_step(t->opt, lr));
+  if (reg) TSR_CHECK(tsr_registry_run_optim_hooks(reg, t->r, TSR_HOOK_AFTER_STEP, &info));
+  if (dump) TSR_CHECK(dump_params(t, dump, "after.", false));
+  for (int i = 0; i < t->nparams; i++) tsr_var_zero_grad(t->params[i]);
+  return TSR_OK;
+}
+
+static int64_t max_peak(tsr_train_rank *t, tsr_group_t *all) {
+  int64_t mine = (int64_t)tsr_rank_allocator(t->r)->peak_bytes, worst = mine;
+  if (tsr_comm_all_reduce(all, &mine, &worst, 1, TSR_I64, TSR_REDUCE_MAX) != TSR_OK) return mine;
+  return worst;
+}
+
+static tsr_status open_data(tsr_train_rank *t, tsr_data_t **data) {
+  const tsr_config *c = t->job->cfg;
+  char src[TSR_MAX_PATH + 32], path[TSR_MAX_PATH];
+  const char *colon = strchr(c->data.source, ':');
+  if (colon)
+    snprintf(src, sizeof src, "%.*s:%s", (int)(colon - c->data.source), c->data.source,
+             tsr_train_path(c, colon + 1, path, sizeof path));
+  else
+    snprintf(src, sizeof src, "%s", c->data.source);
+  tsr_status st = tsr_data_open(src, (int)c->model.vocab_size, (int)c->data.batch_size,
+                                (int)c->data.seq_len, (uint64_t)c->job.seed, data);
+  if (st != TSR_OK)
+    return tsr_error_prefix(st, "%s:%d: [data] source", c->path,
+                            tsr_config_line(c, "data", "source"));
+  return TSR_OK;
+}
+
+static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
+  const tsr_config *c = t->job->cfg;
+  bool train = c->job.mode == TSR_MODE_TRAIN, lead = tsr_rank_id(t->r) == 0;
+  int64_t end = ctx->opts->stop_at > 0 ? ctx->opts->stop_at : c->job.steps;
+  int64_t n = c->data.batch_size * c->data.seq_len;
+  tsr_data_t *data = NULL;
+  tsr_tape_t *tape = NULL;
+  int32_t *ids = NULL, *labels = NULL;
+  tsr_train_dump dump = {0};
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(open_data(t, &data), st);
+  tsr_data_set_step(data, t->start_step);
+  TSR_CHECK_GOTO(tsr_tape_new(t->r, &tape), st);
+  tsr_tape_set_recording(tape, train);
+  ids = malloc((size_t)n * sizeof *ids);
+  labels = malloc((size_t)n * sizeof *labels);
+  if (!ids || !labels) {
+    st = TSR_ERROR(TSR_ENOMEM, "out of memory for a batch of %lld tokens", (long long)n);
+    goto cleanup;
+  }
+  tsr_lr_config lrc = {c->optimizer.lr_schedule, c->optimizer.lr, c->optimizer.min_lr,
+                       c->optimizer.warmup_steps, c->job.steps};
+  if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
+  for (int64_t step = t->start_step + 1; step <= end; step++) {
+    bool first = step == t->start_step + 1 && c->output.dump[0];
+    double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
+    tsr_comm_bytes_reset(tsr_rank_comm(t->r));
+    TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
+    TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss), st);
+    if (train) TSR_CHECK_GOTO(optimizer_step(t, tape, step, lr, first ? &dump : NULL, &gnorm), st);
+    if (first) {
+      st = tsr_train_dump_write(t, &dump);
+      tsr_train_dump_free(&dump);
+      TSR_CHECK_GOTO(agree(all, st), st);
+    }
+    tsr_train_step_stats s = {step, loss, lr, gnorm, now_s() - t0, 0, train};
+    if (lead) tsr_train_log_comm(&ctx->log, tsr_rank_comm(t->r));
+    s.peak_bytes = max_peak(t, all);
+    if (lead) tsr_train_log_step(&ctx->log, &s);
+  }
+  if (lead) tsr_train_log_end(&ctx->log);
+  if (train) {
+    st = tsr_train_save_checkpoint(t);
+    TSR_CHECK_GOTO(agree(all, st), st);
+  }
+cleanup:
+  tsr_train_dump_free(&dump);
+  tsr_tape_free(tape);
+  tsr_data_close(data);
+  free(ids);
+  free(labels);
+  return st;
+}
+
+static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
+  run_ctx *ctx = arg;
+  const tsr_app_job *job = ctx->job;
+  const tsr_config *c = job->cfg;
+  tsr_train_rank t = {.job = job, .opts = ctx->opts};
+  tsr_status st = TSR_OK;
+  tsr_kernel_set_threads(ctx->threads); /* the hand kernels' count is per thread */
+  TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
+  tsr_llama_config mc = model_config(c);
+  TSR_CHECK_GOTO(tsr_llama_new(t.r, job->mesh, &mc, (uint64_t)c->job.seed, &t.model), st);
+  t.nparams = tsr_llama_param_count(t.model);
+  t.params = calloc((size_t)t.nparams + 1, sizeof *t.params);
+  t.names = calloc((size_t)t.nparams + 1, sizeof *t.names);
+  if (!t.params || !t.names) {
+    st = TSR_ERROR(TSR_ENOMEM, "out of memory");
+    goto cleanup;
+  }
+  for (int i = 0; i < t.nparams; i++) {
+    t.params[i] = tsr_llama_param(t.model, i);
+    t.names[i] = tsr_llama_param_name(t.model, i);
+  }
+  tsr_adamw_config oc = {c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
+                         c->optimizer.weight_decay};
+  TSR_CHECK_GOTO(tsr_adamw_new(t.r, t.nparams, t.params, &oc, &t.opt), st);
+  bool resumed = false;
+  TSR_CHECK_GOTO(tsr_train_load_checkpoint(&t, &resumed), st);
+  if (c->job.mode == TSR_MODE_FORWARD) t.start_step = 0;
+  int world = tsr_comm_world(comm);
+  int *ranks = malloc((size_t)world * sizeof *ranks);
+  if (!ranks) {
+    st = TSR_ERROR(TSR_ENOMEM, "out of memory");
+    goto cleanup;
+  }
+  for (int i = 0; i < world; i++) ranks[i] = i;
+  /* Its own label keeps the log's few bytes out of the per-dim figures. */
+  tsr_group_t *all = NULL;
+  st = tsr_comm_group(comm, world, ranks, "log", &all);
+  free(ranks);
+  if (st != TSR_OK) goto cleanup;
+  if (tsr_rank_id(t.r) == 0) {
+    ctx->log.nparams = tsr_llama_num_params(&mc);
+    tsr_train_log_resume(&ctx->log, c, resumed ? t.start_step : -1);
+  }
+  int64_t end = ctx->opts->stop_at > 0 ? ctx->opts->stop_at : c->job.steps;
+  if (c->job.mode == TSR_MODE_TRAIN && t.start_step >= end) {
+    if (tsr_rank_id(t.r) == 0)
+      fprintf(ctx->log.out, "nothing to run: the checkpoint is at step %lld of %lld\n",
+              (long long)t.start_step, (long long)end);
+    goto cleanup;
+  }
+  st = run_steps(&t, ctx, all);
+cleanup:
+  tsr_adamw_free(t.opt);
+  tsr_llama_free(t.model);
+  free(t.params);
+  free(t.names);
+  tsr_rank_free(t.r);
+  return st;
+}
+
+/* Cross-checks of the loop's keys that the parser cannot make alone. */
+static tsr_status check_job(const tsr_config *c, const tsr_train_opts *opts) {
+  if (c->data.batch_size % c->optimizer.grad_accum_steps)
+    return tsr_config_error(c, TSR_EINVAL, "optimizer", "grad_accum_steps",
+                            "%lld does not divide [data] batch_size = %lld; pick a divisor so "
+                            "every microbatch has the same rows",
+                            (long long)c->optimizer.grad_accum_steps,
+                            (long long)c->data.batch_size);
+  if (c->optimizer.grad_accum_steps > 64 && c->output.dump[0])
+    return tsr_config_error(c, TSR_EINVAL, "optimizer", "grad_accum_steps",
+                            "dumps support at most 64 microbatches, got %lld",
+                            (long long)c->optimizer.grad_accum_steps);
+  if (opts->stop_at > c->job.steps)
+    return tsr_error(TSR_EINVAL,
+                     "--stop-at %lld is past [job] steps = %lld; stop at or before the last step",
+                     (long long)opts->stop_at, (long long)c->job.steps);
+  tsr_llama_config mc = model_config(c);
+  tsr_status st = tsr_llama_config_check(&mc);
+  if (st != TSR_OK) return tsr_error_prefix(st, "%s: [model]", c->path);
+  return TSR_OK;
+}
+
+tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
+  const tsr_config *c = job->cfg;
+  TSR_CHECK(check_job(c, opts));
+  int world = (int)c->mesh.world, cores = tsr_kernel_num_cores();
+  run_ctx ctx = {job, opts, tsr_kernel_thread_budget(cores, world), {0}};
+  ctx.log.out = opts->out ? opts->out : stdout;
+  ctx.log.progress = opts->progress;
+  ctx.log.json = opts->json;
+  ctx.log.tokens_per_step = c->data.batch_size * c->data.seq_len;
+  /* Set before any rank computes: OpenBLAS's pool is process-wide. */
+  tsr_kernel_set_threads(ctx.threads);
+  int used = ctx.threads * world < cores ? ctx.threads * world : cores;
+  if (opts->peak_secs > 0) {
+    ctx.log.peak_gflops = tsr_kernel_sgemm_peak_gflops(used, opts->peak_secs);
+    tsr_kernel_set_threads(ctx.threads);
+  }
+  ctx.log.peak_threads = used;
+  tsr_llama_config mc = model_config(c);
+  ctx.log.flops_per_token = tsr_train_flops_per_token(&mc, c->data.seq_len);
+  tsr_train_log_header(&ctx.log, job, ctx.threads);
+  return tsr_local_launch(world, c->job.timeout_s, run_rank, &ctx);
+}

@@ -1,0 +1,72 @@
+/* The training loop of `tessera run`: model, data, optimizer, checkpoints, dumps and the log. */
+#ifndef TESSERA_APP_TRAIN_H
+#define TESSERA_APP_TRAIN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "app.h"
+#include "llama.h"
+#include "tessera/autograd.h"
+#include "tessera/optim.h"
+#include "tessera/rank.h"
+
+/* How `tessera run` drives the loop beyond what the job file says. */
+typedef struct tsr_train_opts {
+  int64_t stop_at;  /* stop after this optimizer step (the schedule still spans [job] steps);
+                       0: run to [job] steps */
+  bool progress;    /* one updating line with an ETA (a terminal) instead of plain lines */
+  bool json;        /* one JSON object per step instead of the human line */
+  double peak_secs; /* length of the sgemm peak measurement; <= 0 skips it (MFU not shown) */
+  FILE *out;        /* where rank 0 writes the log; NULL: stdout */
+} tsr_train_opts;
+
+/* Runs the job (train or forward) on the local backend: measures the sgemm peak, sets the kernel
+ * thread budget, starts the ranks and runs the loop on each. Errors inside a rank come back as
+ * that rank's status with "rank R: ..." in the last error. */
+tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts);
+
+/* ---- Shared between the loop's files ---- */
+
+/* The job's state on one rank. */
+typedef struct tsr_train_rank {
+  const tsr_app_job *job;
+  const tsr_train_opts *opts;
+  tsr_rank_t *r;
+  tsr_llama_t *model;
+  tsr_adamw_t *opt;
+  int nparams;
+  tsr_var **params;   /* (nparams) borrowed from the model */
+  const char **names; /* (nparams) borrowed from the model */
+  int64_t start_step; /* optimizer steps already taken (from a resumed checkpoint) */
+} tsr_train_rank;
+
+/* `value` resolved against the job file's directory unless absolute, into buf. */
+const char *tsr_train_path(const tsr_config *cfg, const char *value, char *buf, size_t len);
+
+/* Loads [checkpoint] load into the parameters and, when the optimizer file exists beside it,
+ * the optimizer state and step (a resume). Every rank reads the files and keeps its shards. */
+tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed);
+/* Saves the parameters and optimizer state to [checkpoint] save, gathered to full tensors and
+ * written by rank 0. Collective. */
+tsr_status tsr_train_save_checkpoint(tsr_train_rank *t);
+
+/* Dump contents collected on the first step; every tensor is full (gathered) and owned. */
+typedef struct tsr_train_dump {
+  int n, cap;
+  char **names;
+  tsr_tensor **tensors;
+} tsr_train_dump;
+
+/* Gathers x to a full tensor and appends it under `name` (rank 0 keeps it; others drop it).
+ * Collective over x's mesh. */
+tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
+                              const tsr_dtensor *x);
+/* Appends a tensor that is already full (ownership moves). */
+tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tensor *full);
+/* Rank 0 writes the dump to [output] dump. */
+tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d);
+void tsr_train_dump_free(tsr_train_dump *d);
+
+#endif

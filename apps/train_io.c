@@ -1,0 +1,205 @@
+/* Files of the training loop: checkpoints in and out, and the first-step dump. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tessera/io.h"
+#include "train.h"
+
+const char *tsr_train_path(const tsr_config *cfg, const char *value, char *buf, size_t len) {
+  if (value[0] == '/' || !strcmp(cfg->dir, "."))
+    snprintf(buf, len, "%s", value);
+  else
+    snprintf(buf, len, "%s/%s", cfg->dir, value);
+  return buf;
+}
+
+/* One full f32 tensor per parameter, shaped as its global value. */
+static tsr_status alloc_full(tsr_train_rank *t, tsr_tensor ***out) {
+  tsr_tensor **full = calloc((size_t)t->nparams + 1, sizeof *full);
+  if (!full) return TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
+  for (int i = 0; i < t->nparams; i++) {
+    const tsr_dtensor *v = t->params[i]->value;
+    tsr_status st = tsr_tensor_new(NULL, TSR_F32, v->ndim, v->shape, &full[i]);
+    if (st != TSR_OK) {
+      for (int k = 0; k < i; k++) tsr_tensor_free(full[k]);
+      free(full);
+      return st;
+    }
+  }
+  *out = full;
+  return TSR_OK;
+}
+
+static void free_full(tsr_tensor **full, int n) {
+  if (!full) return;
+  for (int i = 0; i < n; i++) tsr_tensor_free(full[i]);
+  free(full);
+}
+
+/* Copies this rank's shard of `full` into `dst` (placed like `like`). */
+static tsr_status scatter_into(tsr_train_rank *t, const tsr_dtensor *like, const tsr_tensor *full,
+                               tsr_dtensor *dst) {
+  if (!dst || !dst->local) return TSR_OK;
+  tsr_dtensor *d = NULL;
+  TSR_CHECK(tsr_dtensor_distribute(t->r, like->mesh, full, like->placements, &d));
+  tsr_status st = tsr_tensor_copy(dst->local, d->local);
+  tsr_dtensor_free(d);
+  return st;
+}
+
+tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
+  const tsr_config *cfg = t->job->cfg;
+  *resumed = false;
+  if (!cfg->checkpoint.load[0]) return TSR_OK;
+  char path[TSR_MAX_PATH], optim[TSR_MAX_PATH];
+  tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
+  tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;
+  tsr_status st = TSR_OK;
+  const char *ignore[16];
+  int nignore = 0;
+  for (int i = 0; i < tsr_checkpoint_hf_buffers_count && nignore < 15; i++)
+    ignore[nignore++] = tsr_checkpoint_hf_buffers[i];
+  /* Tied models have no lm_head parameter; HF checkpoints of them may still store the copy. */
+  if (cfg->model.tie_word_embeddings) ignore[nignore++] = "lm_head.weight";
+  tsr_checkpoint_opts opts = {nignore, ignore};
+  TSR_CHECK_GOTO(alloc_full(t, &full), st);
+  st = tsr_checkpoint_load_model(path, t->nparams, t->names, full, &opts);
+  if (st != TSR_OK) {
+    st = tsr_error_prefix(st, "%s:%d: [checkpoint] load", cfg->path,
+                          tsr_config_line(cfg, "checkpoint", "load"));
+    goto cleanup;
+  }
+  for (int i = 0; i < t->nparams; i++)
+    TSR_CHECK_GOTO(scatter_into(t, t->params[i]->value, full[i], t->params[i]->value), st);
+
+  TSR_CHECK_GOTO(tsr_checkpoint_optim_path(path, optim, sizeof optim), st);
+  if (access(optim, F_OK) != 0) goto cleanup; /* weights only: a fresh optimizer */
+  int64_t step = 0;
+  TSR_CHECK_GOTO(alloc_full(t, &ea), st);
+  TSR_CHECK_GOTO(alloc_full(t, &eas), st);
+  st = tsr_checkpoint_load_optim(optim, t->nparams, t->names, ea, eas, &step);
+  if (st != TSR_OK) {
+    st = tsr_error_prefix(st,
+                          "%s:%d: [checkpoint] load: optimizer state beside the model file (remove "
+                          "it to start the optimizer afresh)",
+                          cfg->path, tsr_config_line(cfg, "checkpoint", "load"));
+    goto cleanup;
+  }
+  for (int i = 0; i < t->nparams; i++) {
+    const tsr_dtensor *v = t->params[i]->value;
+    TSR_CHECK_GOTO(scatter_into(t, v, ea[i], tsr_adamw_exp_avg(t->opt, i)), st);
+    TSR_CHECK_GOTO(scatter_into(t, v, eas[i], tsr_adamw_exp_avg_sq(t->opt, i)), st);
+  }
+  tsr_adamw_set_step(t->opt, step);
+  t->start_step = step;
+  *resumed = true;
+cleanup:
+  free_full(full, t->nparams);
+  free_full(ea, t->nparams);
+  free_full(eas, t->nparams);
+  return st;
+}
+
+/* Full copies of each parameter's `which` (0 value, 1 exp_avg, 2 exp_avg_sq). Collective. */
+static tsr_status gather_all(tsr_train_rank *t, int which, tsr_tensor ***out) {
+  tsr_tensor **full = calloc((size_t)t->nparams + 1, sizeof *full);
+  if (!full) return TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
+  for (int i = 0; i < t->nparams; i++) {
+    const tsr_dtensor *x = which == 0   ? t->params[i]->value
+                           : which == 1 ? tsr_adamw_exp_avg(t->opt, i)
+                                        : tsr_adamw_exp_avg_sq(t->opt, i);
+    if (!x || !x->local) continue;
+    tsr_status st = tsr_dtensor_full_tensor(t->r, x, &full[i]);
+    if (st != TSR_OK) {
+      free_full(full, t->nparams);
+      return st;
+    }
+  }
+  *out = full;
+  return TSR_OK;
+}
+
+tsr_status tsr_train_save_checkpoint(tsr_train_rank *t) {
+  const tsr_config *cfg = t->job->cfg;
+  if (!cfg->checkpoint.save[0]) return TSR_OK;
+  tsr_tensor **p = NULL, **ea = NULL, **eas = NULL;
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(gather_all(t, 0, &p), st);
+  TSR_CHECK_GOTO(gather_all(t, 1, &ea), st);
+  TSR_CHECK_GOTO(gather_all(t, 2, &eas), st);
+  if (tsr_rank_id(t->r) == 0) {
+    char path[TSR_MAX_PATH];
+    tsr_train_path(cfg, cfg->checkpoint.save, path, sizeof path);
+    st = tsr_checkpoint_save(path, NULL, t->nparams, t->names, (const tsr_tensor *const *)p,
+                             (const tsr_tensor *const *)ea, (const tsr_tensor *const *)eas,
+                             tsr_adamw_get_step(t->opt));
+    if (st != TSR_OK)
+      st = tsr_error_prefix(st, "%s:%d: [checkpoint] save", cfg->path,
+                            tsr_config_line(cfg, "checkpoint", "save"));
+  }
+cleanup:
+  free_full(p, t->nparams);
+  free_full(ea, t->nparams);
+  free_full(eas, t->nparams);
+  return st;
+}
+
+/* ---- dump ---- */
+
+tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tensor *full) {
+  if (d->n == d->cap) {
+    int cap = d->cap ? 2 * d->cap : 64;
+    char **names = realloc(d->names, (size_t)cap * sizeof *names);
+    if (names) d->names = names;
+    tsr_tensor **ts = realloc(d->tensors, (size_t)cap * sizeof *ts);
+    if (ts) d->tensors = ts;
+    if (!names || !ts) {
+      tsr_tensor_free(full);
+      return TSR_ERROR(TSR_ENOMEM, "dump: out of memory");
+    }
+    d->cap = cap;
+  }
+  d->names[d->n] = strdup(name);
+  if (!d->names[d->n]) {
+    tsr_tensor_free(full);
+    return TSR_ERROR(TSR_ENOMEM, "dump: out of memory");
+  }
+  d->tensors[d->n++] = full;
+  return TSR_OK;
+}
+
+tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
+                              const tsr_dtensor *x) {
+  if (!x->local) return TSR_OK;
+  tsr_tensor *full = NULL;
+  TSR_CHECK(tsr_dtensor_full_tensor(t->r, x, &full));
+  if (tsr_rank_id(t->r) != 0) {
+    tsr_tensor_free(full);
+    return TSR_OK;
+  }
+  return tsr_train_dump_add_full(d, name, full);
+}
+
+tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d) {
+  const tsr_config *cfg = t->job->cfg;
+  if (tsr_rank_id(t->r) != 0 || !cfg->output.dump[0]) return TSR_OK;
+  char path[TSR_MAX_PATH];
+  tsr_train_path(cfg, cfg->output.dump, path, sizeof path);
+  tsr_status st = tsr_dump_save(path, d->n, (const char *const *)d->names,
+                                (const tsr_tensor *const *)d->tensors);
+  if (st != TSR_OK)
+    return tsr_error_prefix(st, "%s:%d: [output] dump", cfg->path,
+                            tsr_config_line(cfg, "output", "dump"));
+  return TSR_OK;
+}
+
+void tsr_train_dump_free(tsr_train_dump *d) {
+  for (int i = 0; i < d->n; i++) {
+    free(d->names[i]);
+    tsr_tensor_free(d->tensors[i]);
+  }
+  free(d->names);
+  free(d->tensors);
+  memset(d, 0, sizeof *d);
+}

@@ -1,0 +1,152 @@
+/* The training log of rank 0. */
+#include <string.h>
+#include <time.h>
+
+#include "tessera/comm.h"
+#include "train_log.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *bytes_str(double b, char *buf, size_t len) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) b /= 1024.0, u++;
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+  return buf;
+}
+
+/* FLOP/s with a prefix that keeps three significant digits readable on a laptop and a GPU. */
+static const char *flops_str(double f, char *buf, size_t len) {
+  if (f >= 1e12)
+    snprintf(buf, len, "%.2f TFLOP/s", f / 1e12);
+  else
+    snprintf(buf, len, "%.1f GFLOP/s", f / 1e9);
+  return buf;
+}
+
+double tsr_train_flops_per_token(const tsr_llama_config *m, int64_t seq_len) {
+  double n = (double)tsr_llama_num_params(m);
+  if (!m->tie_word_embeddings) n -= (double)m->vocab_size * m->hidden_size;
+  return 6.0 * n + 6.0 * m->num_hidden_layers * m->hidden_size * (double)seq_len;
+}
+
+void tsr_train_log_header(tsr_train_log *l, const tsr_app_job *job, int threads) {
+  const tsr_config *c = job->cfg;
+  char buf[256];
+  if (l->json) return;
+  fprintf(l->out, "job %s: %s, %lld steps, %lld ranks (%s), %d kernel threads per rank\n", c->path,
+          c->job.mode == TSR_MODE_TRAIN ? "train" : "forward", (long long)c->job.steps,
+          (long long)c->mesh.world, tsr_mesh_str(job->mesh, buf, sizeof buf), threads);
+  fprintf(l->out,
+          "model: vocab %lld, hidden %lld, intermediate %lld, %lld layers, %lld heads / %lld kv, "
+          "%s; batch %lld x %lld tokens",
+          (long long)c->model.vocab_size, (long long)c->model.hidden_size,
+          (long long)c->model.intermediate_size, (long long)c->model.num_hidden_layers,
+          (long long)c->model.num_attention_heads,
+          (long long)(c->model.num_key_value_heads ? c->model.num_key_value_heads
+                                                   : c->model.num_attention_heads),
+          c->model.tie_word_embeddings ? "tied embeddings" : "untied",
+          (long long)c->data.batch_size, (long long)c->data.seq_len);
+  if (c->optimizer.grad_accum_steps > 1)
+    fprintf(l->out, " in %lld microbatches", (long long)c->optimizer.grad_accum_steps);
+  fprintf(l->out, "; data %s\n", c->data.source);
+  if (l->peak_gflops > 0)
+    fprintf(l->out, "sgemm peak: %.1f GFLOP/s on %d threads (measured now; MFU is against it)\n",
+            l->peak_gflops, l->peak_threads);
+  fflush(l->out);
+}
+
+void tsr_train_log_resume(tsr_train_log *l, const tsr_config *c, int64_t resumed_at) {
+  if (l->json || !c->checkpoint.load[0]) return;
+  if (resumed_at >= 0)
+    fprintf(l->out, "resumed from %s at step %lld (model and optimizer state)\n",
+            c->checkpoint.load, (long long)resumed_at);
+  else
+    fprintf(l->out, "loaded weights from %s (no optimizer state beside it: fresh optimizer)\n",
+            c->checkpoint.load);
+  fflush(l->out);
+}
+
+void tsr_train_log_begin(tsr_train_log *l, int64_t start_step, int64_t end_step) {
+  l->first_step = start_step;
+  l->end_step = end_step;
+  l->t_begin = now_s();
+  l->steps_done = 0;
+  l->secs_total = 0;
+}
+
+typedef struct comm_fmt {
+  char *buf;
+  size_t len, used;
+} comm_fmt;
+
+static void add_label(const char *label, uint64_t bytes, void *arg) {
+  comm_fmt *f = arg;
+  if (!strcmp(label, "log") || !bytes || f->used >= f->len) return;
+  char b[32];
+  int n = snprintf(f->buf + f->used, f->len - f->used, "%s%s %s", f->used ? ", " : "", label,
+                   bytes_str((double)bytes, b, sizeof b));
+  if (n > 0) f->used += (size_t)n;
+}
+
+void tsr_train_log_comm(tsr_train_log *l, const tsr_comm_t *comm) {
+  comm_fmt f = {l->comm, sizeof l->comm, 0};
+  l->comm[0] = '\0';
+  tsr_comm_bytes_foreach(comm, add_label, &f);
+}
+
+void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
+  if (l->steps_done == 0) l->loss_first = s->loss;
+  l->loss_last = s->loss;
+  l->steps_done++;
+  l->secs_total += s->secs;
+  double tps = (double)l->tokens_per_step / s->secs;
+  double flops = tps * l->flops_per_token / (s->train ? 1.0 : 3.0);
+  double mfu = l->peak_gflops > 0 ? flops / (l->peak_gflops * 1e9) : -1;
+  if (l->json) {
+    fprintf(l->out,
+            "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"secs\": %.6f, "
+            "\"tokens_per_s\": %.1f, \"flops_per_s\": %.6g, \"mfu\": %.4f, \"peak_bytes\": %lld, "
+            "\"comm\": \"%s\"}\n",
+            (long long)s->step, s->loss, s->lr, s->grad_norm, s->secs, tps, flops, mfu,
+            (long long)s->peak_bytes, l->comm);
+    fflush(l->out);
+    return;
+  }
+  char line[1024], fb[32], mb[32];
+  int n = snprintf(line, sizeof line, "step %*lld/%lld  loss %.4f", s->step >= 1000 ? 5 : 3,
+                   (long long)s->step, (long long)l->end_step, s->loss);
+  if (s->train)
+    n += snprintf(line + n, sizeof line - (size_t)n, "  lr %.3e  gnorm %.3f", s->lr, s->grad_norm);
+  n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f tok/s  %s", tps,
+                flops_str(flops, fb, sizeof fb));
+  if (mfu >= 0) n += snprintf(line + n, sizeof line - (size_t)n, "  MFU %.1f%%", 100 * mfu);
+  n += snprintf(line + n, sizeof line - (size_t)n, "  peak %s  comm %s",
+                bytes_str((double)s->peak_bytes, mb, sizeof mb), l->comm[0] ? l->comm : "-");
+  if (!l->progress) {
+    fprintf(l->out, "%s\n", line);
+  } else {
+    /* A terminal keeps about ten lines of a long run and rewrites the current one in place. */
+    int64_t total = l->end_step - l->first_step, done = s->step - l->first_step;
+    int64_t every = total / 10 > 0 ? total / 10 : 1;
+    double eta = l->secs_total / (double)done * (double)(total - done);
+    bool keep = done == 1 || done % every == 0 || done == total;
+    fprintf(l->out, "\r\033[K%s  ETA %d:%02d%s", line, (int)(eta / 60), (int)eta % 60,
+            keep ? "\n" : "");
+  }
+  fflush(l->out);
+}
+
+void tsr_train_log_end(tsr_train_log *l) {
+  if (l->json || !l->steps_done) return;
+  double wall = now_s() - l->t_begin;
+  fprintf(l->out, "done: %lld steps in %.1f s (%.0f tok/s); loss %.4f -> %.4f\n",
+          (long long)l->steps_done, wall,
+          (double)l->tokens_per_step * (double)l->steps_done / l->secs_total, l->loss_first,
+          l->loss_last);
+  fflush(l->out);
+}

@@ -1,0 +1,51 @@
+/* The training log: the start-up header, one line per step on rank 0 and the run's summary. */
+#ifndef TESSERA_APP_TRAIN_LOG_H
+#define TESSERA_APP_TRAIN_LOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "app.h"
+#include "llama.h"
+
+typedef struct tsr_train_log {
+  FILE *out;
+  bool progress; /* a terminal: one line rewritten in place, with an ETA */
+  bool json;
+  double peak_gflops; /* measured sgemm peak; <= 0 when not measured */
+  int peak_threads;
+  int64_t nparams;
+  double flops_per_token; /* training: forward + backward */
+  int64_t tokens_per_step;
+  int64_t first_step, end_step;
+  double t_begin;
+  char comm[512]; /* "dp 1.2 MiB, tp 3.4 MiB" for the step being logged */
+  double loss_first, loss_last, secs_total;
+  int64_t steps_done;
+} tsr_train_log;
+
+/* What one step measured. */
+typedef struct tsr_train_step_stats {
+  int64_t step;
+  double loss, lr, grad_norm;
+  double secs;
+  int64_t peak_bytes; /* max over ranks */
+  bool train;
+} tsr_train_step_stats;
+
+/* FLOPs of training on one token, as DESIGN §8 counts them: 6·N + 6·L·h·s, with N the
+ * parameters that take part in matrix products (the input embedding is a lookup, so it counts
+ * only when tied to the output projection). */
+double tsr_train_flops_per_token(const tsr_llama_config *m, int64_t seq_len);
+
+void tsr_train_log_header(tsr_train_log *l, const tsr_app_job *job, int threads);
+/* resumed_at < 0: a fresh start (or a weights-only load). */
+void tsr_train_log_resume(tsr_train_log *l, const tsr_config *c, int64_t resumed_at);
+void tsr_train_log_begin(tsr_train_log *l, int64_t start_step, int64_t end_step);
+/* Records this step's bytes per mesh-dim label from rank 0's counters. */
+void tsr_train_log_comm(tsr_train_log *l, const tsr_comm_t *comm);
+void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s);
+void tsr_train_log_end(tsr_train_log *l);
+
+#endif
