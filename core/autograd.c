@@ -153,6 +153,34 @@ static bool same_layout(const tsr_dtensor *a, const tsr_dtensor *b) {
   return true;
 }
 
+/* Turns v's gradient Partial(sum) on each mesh dim where it is Replicate and `grad` is
+ * Partial(sum). Frees `grad` on failure. */
+static tsr_status widen_to_partial(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad) {
+  const tsr_mesh_t *m = v->grad->mesh;
+  if (!tsr_mesh_equal(m, grad->mesh)) return TSR_OK;
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  bool widen = false;
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) {
+    p[i] = v->grad->placements[i];
+    tsr_placement q = grad->placements[i];
+    if (p[i].kind == TSR_REPLICATE && q.kind == TSR_PARTIAL && q.op == TSR_REDUCE_SUM &&
+        tsr_mesh_dim_size(m, i) > 1) {
+      p[i] = q;
+      widen = true;
+    }
+  }
+  if (!widen) return TSR_OK;
+  tsr_dtensor *w = NULL;
+  tsr_status st = tsr_dtensor_redistribute(t->r, v->grad, m, p, &w);
+  if (st != TSR_OK) {
+    tsr_dtensor_free(grad);
+    return st;
+  }
+  tsr_dtensor_free(v->grad);
+  v->grad = w;
+  return TSR_OK;
+}
+
 tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad) {
   if (!v->requires_grad) {
     tsr_dtensor_free(grad);
@@ -163,7 +191,11 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
     return TSR_OK;
   }
   /* Two uses of one value may leave gradients with different placements (e.g. a Partial one and
-   * a Replicate one): bring the new one to the placements already there, then add locally. */
+   * a Replicate one): bring the new one to the placements already there, then add locally. Where
+   * the new one is a pending sum and the one there is Replicate, the sum stays pending instead:
+   * making the replicated one Partial is free, while reducing the new one would be an all-reduce
+   * that the consumer may not need in full (a reduce-scatter into a sequence shard). */
+  TSR_CHECK(widen_to_partial(t, v, grad));
   tsr_dtensor *g = grad;
   if (!same_layout(v->grad, grad)) {
     tsr_status st = tsr_dtensor_redistribute(t->r, grad, v->grad->mesh, v->grad->placements, &g);

@@ -101,14 +101,25 @@ typedef struct param_spec {
   param_init init;
 } param_spec;
 
+/* The style for (style, mesh dim). k_proj and v_proj are column linears that a strategy may place
+ * apart from q_proj (tensor parallelism keeps them whole when it has more ranks than kv heads):
+ * they are "kv_linear" where a strategy registered that style, "column_linear" elsewhere. */
+static const tsr_module_style *find_style(const tsr_llama_t *m, const char *style,
+                                          const char *dim) {
+  const tsr_registry_t *reg = tsr_rank_registry(m->r);
+  if (!reg) return NULL;
+  const tsr_module_style *s = tsr_registry_find_module_style(reg, style, dim);
+  if (!s && !strcmp(style, "kv_linear"))
+    s = tsr_registry_find_module_style(reg, "column_linear", dim);
+  return s;
+}
+
 /* Placement of a parameter on every mesh dim: what the dim's strategy registered for the
  * module style, Replicate where none did. */
 static void param_placements(const tsr_llama_t *m, const tsr_mesh_t *mesh, const char *style,
                              tsr_placement *p) {
-  const tsr_registry_t *reg = tsr_rank_registry(m->r);
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
-    const tsr_module_style *s =
-        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(mesh, i)) : NULL;
+    const tsr_module_style *s = find_style(m, style, tsr_mesh_dim_name(mesh, i));
     p[i] = tsr_module_style_param(s, "weight");
   }
 }
@@ -251,8 +262,8 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
     for (int j = 0; j < 9; j++)
       snprintf(m->names[k + j], NAME_LEN, "model.layers.%d.%s.weight", l, layer_names[j]);
     PARAM(y->q_proj, "column_linear", Q, C, INIT_NORMAL);
-    PARAM(y->k_proj, "column_linear", KV, C, INIT_NORMAL);
-    PARAM(y->v_proj, "column_linear", KV, C, INIT_NORMAL);
+    PARAM(y->k_proj, "kv_linear", KV, C, INIT_NORMAL);
+    PARAM(y->v_proj, "kv_linear", KV, C, INIT_NORMAL);
     PARAM(y->o_proj, "row_linear", C, Q, INIT_NORMAL);
     PARAM(y->gate_proj, "column_linear", I, C, INIT_NORMAL);
     PARAM(y->up_proj, "column_linear", I, C, INIT_NORMAL);
@@ -342,13 +353,11 @@ static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,
  * all-gather before a column-parallel one, without a line here that names them. */
 static tsr_status styled(tsr_llama_t *m, tsr_tape_t *t, const char *style, bool output, tsr_var *x,
                          tsr_var **out) {
-  const tsr_registry_t *reg = tsr_rank_registry(m->r);
   const tsr_mesh_t *mesh = x->value->mesh;
   tsr_placement p[TSR_MAX_MESH_DIMS];
   bool change = false;
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
-    const tsr_module_style *s =
-        reg ? tsr_registry_find_module_style(reg, style, tsr_mesh_dim_name(mesh, i)) : NULL;
+    const tsr_module_style *s = find_style(m, style, tsr_mesh_dim_name(mesh, i));
     p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? (output ? s->output : s->input)
                                                : x->value->placements[i];
     change = change || !tsr_placement_equal(p[i], x->value->placements[i]);
@@ -402,9 +411,12 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   const tsr_llama_config *c = &m->cfg;
   int D = m->head_dim;
   tsr_var *q, *k, *v, *qh, *kh, *vh, *qr, *kr, *a, *am;
+  /* placed once for the three projections that share it: one all-gather under sequence
+   * parallelism, not three */
+  TSR_CHECK(styled(m, t, "column_linear", false, x, &x));
   TSR_CHECK(linear(m, t, "column_linear", x, y->q_proj, &q));
-  TSR_CHECK(linear(m, t, "column_linear", x, y->k_proj, &k));
-  TSR_CHECK(linear(m, t, "column_linear", x, y->v_proj, &v));
+  TSR_CHECK(linear(m, t, "kv_linear", x, y->k_proj, &k));
+  TSR_CHECK(linear(m, t, "kv_linear", x, y->v_proj, &v));
   TSR_CHECK(split_heads(t, q, c->num_attention_heads, D, &qh));
   TSR_CHECK(split_heads(t, k, c->num_key_value_heads, D, &kh));
   TSR_CHECK(split_heads(t, v, c->num_key_value_heads, D, &vh));
@@ -418,6 +430,7 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
 static tsr_status mlp(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *x,
                       tsr_var **out) {
   tsr_var *g, *u, *s;
+  TSR_CHECK(styled(m, t, "column_linear", false, x, &x));
   TSR_CHECK(linear(m, t, "column_linear", x, y->gate_proj, &g));
   TSR_CHECK(linear(m, t, "column_linear", x, y->up_proj, &u));
   TSR_CHECK(tsr_op_swiglu(t, g, u, &s));

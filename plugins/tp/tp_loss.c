@@ -1,0 +1,156 @@
+/* Cross-entropy on logits split by vocabulary over tp (the lm_head is column-parallel).
+ *
+ * loss_parallel = true: no rank ever holds a full row of logits. Each rank takes the max of its
+ * columns, the max is reduced over tp, then the sum of exp(logit - max) of its columns and the
+ * target's logit (non-zero only on the rank whose columns hold the target) are summed over tp in
+ * one all-reduce of 2N values. The loss of row i is log(sumexp_i) + max_i - target_i.
+ * loss_parallel = false: the logits are gathered over tp first and the same pieces are taken
+ * over the whole vocabulary, without communication.
+ *
+ * Either way the backward needs no communication: softmax - onehot on the local columns from the
+ * saved global max and sum-exp. Beside tp, batch or sequence shards (dp, cp) are handled as the
+ * core's rule does: the loss is each shard's share of the mean over all valid tokens, Partial
+ * over those dims.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tessera/kernels.h"
+#include "tp_impl.h"
+
+typedef struct loss_saved {
+  tsr_dtensor *logits; /* with loss_parallel = false: the gathered logits; else NULL */
+  float *row_max;      /* (N) global */
+  float *sumexp;       /* (N) global */
+  int64_t valid;       /* valid tokens of the whole batch */
+} loss_saved;
+
+void tp_loss_saved_free(void *p) {
+  loss_saved *s = p;
+  if (!s) return;
+  tsr_dtensor_free(s->logits);
+  free(s->row_max);
+  free(s->sumexp);
+  free(s);
+}
+
+/* Mask of the mesh dims that split the labels (batch or sequence shards). */
+static uint32_t label_shard_mask(const tsr_dtensor *labels) {
+  uint32_t mask = 0;
+  for (int i = 0; i < tsr_mesh_ndim(labels->mesh); i++)
+    if (tsr_mesh_dim_size(labels->mesh, i) > 1 && labels->placements[i].kind == TSR_SHARD)
+      mask |= 1u << i;
+  return mask;
+}
+
+static tsr_status count_valid(tsr_rank_t *r, const tsr_dtensor *labels, int V, int64_t *local,
+                              int64_t *global) {
+  const int32_t *lab = tsr_tensor_data(labels->local);
+  int64_t n = tsr_tensor_numel(labels->local);
+  *local = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (lab[i] == TSR_IGNORE_INDEX) continue;
+    if (lab[i] < 0 || lab[i] >= V)
+      return TSR_ERROR(TSR_EINVAL,
+                       "cross_entropy: label %d at local position %lld is outside [0, %d) and is "
+                       "not the ignore index %d",
+                       (int)lab[i], (long long)i, V, TSR_IGNORE_INDEX);
+    (*local)++;
+  }
+  *global = *local;
+  uint32_t mask = label_shard_mask(labels);
+  if (!mask) return TSR_OK;
+  tsr_group_t *g;
+  TSR_CHECK(tsr_mesh_group(labels->mesh, tsr_rank_comm(r), mask, &g));
+  return tsr_comm_all_reduce(g, global, global, 1, TSR_I64, TSR_REDUCE_SUM);
+}
+
+/* The logits' local columns, their first global column and the local row count. */
+static void local_view(tsr_rank_t *r, const tsr_dtensor *logits, int dim, int *N, int *Vl,
+                       int *v0) {
+  const tsr_tensor *l = logits->local;
+  *N = (int)(l->shape[0] * l->shape[1]);
+  *Vl = (int)l->shape[2];
+  int n = tsr_mesh_dim_size(logits->mesh, dim);
+  *v0 = (int)tsr_chunk_start(logits->shape[2], n, tp_coord(r, logits, dim));
+}
+
+tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
+                           const void *attrs, int nout, tsr_dtensor **out, void **saved,
+                           void *ctx) {
+  const tp_state *st_ = ctx;
+  const tsr_dtensor *logits = in[0], *labels = in[1];
+  TSR_CHECK(tp_check_other_dims("tp.cross_entropy.vocab", dim, 2, in, 2));
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(logits->mesh); i++)
+    p[i] = (label_shard_mask(labels) >> i) & 1 ? tsr_partial(TSR_REDUCE_SUM) : tsr_replicate();
+  TSR_CHECK(tsr_dtensor_zeros(r, logits->mesh, TSR_F32, 0, NULL, p, out));
+  if (!logits->local) return TSR_OK;
+
+  loss_saved *s = calloc(1, sizeof *s);
+  if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving the loss");
+  *saved = s;
+  tsr_status st = TSR_OK;
+  int V = (int)logits->shape[2], N, Vl, v0;
+  int64_t local;
+  TSR_CHECK_GOTO(count_valid(r, labels, V, &local, &s->valid), st);
+  const tsr_dtensor *x = logits;
+  if (!st_->loss_parallel) {
+    tsr_placement full[TSR_MAX_MESH_DIMS];
+    memcpy(full, logits->placements, sizeof full);
+    full[dim] = tsr_replicate();
+    TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, logits, logits->mesh, full, &s->logits), st);
+    x = s->logits;
+  }
+  local_view(r, x, dim, &N, &Vl, &v0);
+  if (!st_->loss_parallel) v0 = 0;
+  s->row_max = malloc(sizeof(float) * (size_t)(N ? N : 1));
+  s->sumexp = malloc(sizeof(float) * (size_t)(2 * N + 1));
+  if (!s->row_max || !s->sumexp) {
+    st = TSR_ERROR(TSR_ENOMEM, "out of memory in the vocabulary-parallel loss");
+    goto cleanup;
+  }
+  float *target = s->sumexp + N;
+  const float *lg = tsr_tensor_data(x->local);
+  const int32_t *lab = tsr_tensor_data(labels->local);
+  tsr_kernel_logits_row_max(s->row_max, lg, N, Vl);
+  tsr_group_t *g = NULL;
+  if (st_->loss_parallel) {
+    TSR_CHECK_GOTO(tsr_mesh_group(logits->mesh, tsr_rank_comm(r), 1u << dim, &g), st);
+    TSR_CHECK_GOTO(
+        tsr_comm_all_reduce(g, s->row_max, s->row_max, (size_t)N, TSR_F32, TSR_REDUCE_MAX), st);
+  }
+  tsr_kernel_logits_row_sumexp(s->sumexp, lg, s->row_max, N, Vl);
+  tsr_kernel_logits_target(target, lg, lab, N, Vl, v0);
+  if (g)
+    TSR_CHECK_GOTO(
+        tsr_comm_all_reduce(g, s->sumexp, s->sumexp, (size_t)2 * N, TSR_F32, TSR_REDUCE_SUM), st);
+  double total = 0.0;
+  for (int i = 0; i < N; i++)
+    if (lab[i] != TSR_IGNORE_INDEX)
+      total += (double)s->row_max[i] + log((double)s->sumexp[i]) - (double)target[i];
+  /* each shard's sum over the batch's valid count: the pieces add up to the mean */
+  *(float *)tsr_tensor_data((*out)->local) = s->valid > 0 ? (float)(total / (double)s->valid) : NAN;
+cleanup:
+  return st;
+}
+
+tsr_status tp_loss_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
+                            const void *attrs, int nout, const tsr_dtensor *const *outs,
+                            const tsr_dtensor *const *gout, tsr_dtensor **gin, void *saved,
+                            void *ctx) {
+  const loss_saved *s = saved;
+  const tsr_dtensor *logits = in[0];
+  TSR_CHECK(tsr_dtensor_zeros(r, logits->mesh, TSR_F32, logits->ndim, logits->shape,
+                              logits->placements, &gin[0]));
+  if (!logits->local || !gout[0] || !s || s->valid == 0) return TSR_OK;
+  int N, Vl, v0;
+  local_view(r, logits, dim, &N, &Vl, &v0);
+  float dloss = *(const float *)tsr_tensor_data(gout[0]->local);
+  /* with the logits gathered, row_max and sumexp cover the whole vocabulary just the same */
+  tsr_kernel_cross_entropy_shard_backward(
+      tsr_tensor_data(gin[0]->local), tsr_tensor_data(logits->local), tsr_tensor_data(in[1]->local),
+      s->row_max, s->sumexp, N, Vl, v0, dloss / (float)s->valid);
+  return TSR_OK;
+}

@@ -1,0 +1,424 @@
+/* The tp and sp plugins, loaded from the build tree as a job loads them, against the 1-rank run:
+ * logits, loss, every gradient and every parameter after one AdamW step (rtol = atol = 1e-4) for
+ * tp = 2, 3, 4 and tp+sp = 2, 4, with grouped-query attention (kv heads split, and replicated
+ * when tp has more ranks than kv heads), uneven vocabulary / intermediate / sequence splits, a
+ * tied lm_head, the gathered loss, and dp beside tp. Each run also checks, on every rank, the
+ * bytes the step moved on the tp dim against the formula in expected_tp_bytes. Last, the job
+ * errors the plugins report at plan time. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "llama.h"
+#include "tessera/ops.h"
+#include "tessera/optim.h"
+#include "tessera/plugin.h"
+
+#define MAX_PARAMS 64
+#define MAX_RANKS  8
+
+typedef struct tp_case {
+  int dp, tp;
+  bool sp, loss_parallel;
+  tsr_llama_config cfg;
+  int batch, seq;
+  /* filled by the run */
+  tsr_registry_t *reg;
+  tsr_tensor *logits, *loss, *grads[MAX_PARAMS], *after[MAX_PARAMS];
+  int nparams;
+  uint64_t tp_bytes[MAX_RANKS]; /* per rank: forward, backward and gradient resolution */
+} tp_case;
+
+static tsr_llama_config model(int V, int C, int I, int H, int kv, bool tied) {
+  return (tsr_llama_config){.vocab_size = V,
+                            .hidden_size = C,
+                            .intermediate_size = I,
+                            .num_hidden_layers = 2,
+                            .num_attention_heads = H,
+                            .num_key_value_heads = kv,
+                            .rms_norm_eps = 1e-5f,
+                            .rope_theta = 10000.0f,
+                            .tie_word_embeddings = tied};
+}
+
+/* ---- the analytic bytes of one step on the tp dim ----
+ * Counted as include/tessera/comm.h defines them, per rank i of n along tp, f32:
+ *   all-reduce of c elements      (c - own) + own (n - 1), own = chunk(c, n, i)
+ *   all-gather contributing own   own (n - 1)
+ *   reduce-scatter of c to own    c - own
+ *   all-to-all                    what goes to the other members
+ * With N = B L tokens of this rank's batch, X = N C (one activation), Lyr layers:
+ *   tp      fwd  embedding S(2)->R all-gather                               ag(N C_i)
+ *                2 all-reduces per layer (after o_proj and down_proj)       2 Lyr ar(X)
+ *           bwd  2 all-reduces per layer (the column inputs' gradients)     2 Lyr ar(X)
+ *                lm_head input's gradient                                   ar(X)
+ *   tp+sp   fwd  embedding S(2)->S(1) all-to-all                            B (L - L_i) C_i
+ *                per layer 2 x (all-gather before, reduce-scatter after)    2 Lyr (ag + rs)
+ *                all-gather before lm_head                                  ag(B L_i C)
+ *           bwd  their adjoints: the same counts, and the inverse all-to-all B L_i (C - C_i)
+ *                norm weights' Partial gradients, 2 Lyr + 1 all-reduces     (2 Lyr + 1) ar(C)
+ *   tied lm_head (input replicated, weight S(1)): the logits' partial sums are reduce-scattered
+ *                to the vocabulary shards, rs(N V), all-gathered back in backward, ag(N V_i), and
+ *                the input gradient (split by hidden) is all-gathered / all-to-all'ed instead
+ *   kv heads replicated: the key and value gradients, 2 Lyr ar(N Hkv D)
+ *   loss parallel: ar(N) of the row max and ar(2N) of sum-exp and target logit; without it the
+ *                logits are all-gathered, ag(N V_i).
+ */
+static int64_t ch(int64_t total, int n, int i) {
+  return tsr_chunk_size(total, n, i);
+}
+static int64_t ar(int64_t c, int n, int i) {
+  return (c - ch(c, n, i)) + ch(c, n, i) * (n - 1);
+}
+
+static uint64_t expected_tp_bytes(const tp_case *c, int i, int64_t B) {
+  const tsr_llama_config *m = &c->cfg;
+  int n = c->tp, Lyr = m->num_hidden_layers;
+  int64_t L = c->seq, C = m->hidden_size, V = m->vocab_size, N = B * L, X = N * C;
+  int64_t Ci = ch(C, n, i), Vi = ch(V, n, i), Li = ch(L, n, i), own = B * Li * C;
+  int64_t kv = (int64_t)m->num_key_value_heads * (C / m->num_attention_heads);
+  int64_t e = 0;
+  if (!c->sp) {
+    e += Ci * N * (n - 1);
+    e += 4 * Lyr * ar(X, n, i);
+    e += m->tie_word_embeddings ? (N * V - N * Vi) + N * Vi * (n - 1) + N * Ci * (n - 1)
+                                : ar(X, n, i);
+  } else {
+    e += B * (L - Li) * Ci + B * Li * (C - Ci);
+    e += 4 * Lyr * (own * (n - 1) + (X - own));
+    e += (2 * Lyr + 1) * ar(C, n, i);
+    e += own * (n - 1);
+    e += m->tie_word_embeddings ? (N * V - N * Vi) + N * Vi * (n - 1) + B * (L - Li) * Ci : X - own;
+  }
+  if (n > m->num_key_value_heads) e += 2 * Lyr * ar(N * kv, n, i);
+  e += c->loss_parallel ? ar(N, n, i) + ar(2 * N, n, i) : N * Vi * (n - 1);
+  return 4 * (uint64_t)e;
+}
+
+/* ---- running one step ---- */
+
+static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, const tp_case *c, bool labels,
+                            tsr_var **out) {
+  int64_t shape[2] = {c->batch, c->seq};
+  tsr_tensor *t;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
+  int32_t *p = tsr_tensor_data(t);
+  int V = c->cfg.vocab_size, n = c->batch * c->seq;
+  /* ids spread over the whole vocabulary, so every vocabulary shard sees targets */
+  for (int i = 0; i < n; i++)
+    p[i] =
+        labels && (i % 5 == 2 || i == n - 1) ? -100 : (int32_t)((i * 37 + (labels ? 11 : 3)) % V);
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
+  tsr_dtensor *d;
+  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
+  tsr_tensor_free(t);
+  TSR_CHECK(st);
+  return tsr_var_new_leaf(d, false, NULL, out);
+}
+
+/* The full tensor of x, gathered, as a copy rank 0 keeps (others drop theirs). */
+static tsr_status keep_full(tsr_rank_t *r, const tsr_dtensor *x, bool keep, tsr_tensor **out) {
+  tsr_tensor *full = NULL;
+  TSR_CHECK(tsr_dtensor_full_tensor(r, x, &full));
+  tsr_status st = keep ? tsr_tensor_cast(full, TSR_F32, out) : TSR_OK;
+  tsr_tensor_free(full);
+  return st;
+}
+
+static tsr_status run_step(tsr_comm_t *comm, void *arg) {
+  tp_case *c = arg;
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_llama_t *lm = NULL;
+  tsr_tape_t *t = NULL;
+  tsr_adamw_t *opt = NULL;
+  tsr_var *ids = NULL, *labels = NULL, *logits, *loss;
+  bool me0 = tsr_comm_rank(comm) == 0;
+  tsr_status st = TSR_OK;
+  int shape[2] = {c->dp, c->tp};
+  const char *names[2] = {"dp", "tp"};
+  TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), 2, shape, names, &m), st);
+  TSR_CHECK_GOTO(tsr_llama_new(r, m, &c->cfg, 7, &lm), st);
+  TSR_CHECK_GOTO(batch_var(r, m, c, false, &ids), st);
+  TSR_CHECK_GOTO(batch_var(r, m, c, true, &labels), st);
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  tsr_comm_bytes_reset(comm);
+  TSR_CHECK_GOTO(tsr_llama_forward(lm, t, ids, labels, &logits, &loss), st);
+  TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
+  int np = tsr_llama_param_count(lm);
+  tsr_var *params[MAX_PARAMS];
+  for (int i = 0; i < np; i++) {
+    params[i] = tsr_llama_param(lm, i);
+    TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
+  }
+  c->tp_bytes[tsr_comm_rank(comm)] = tsr_comm_bytes(comm, "tp");
+  c->nparams = np;
+  TSR_CHECK_GOTO(keep_full(r, logits->value, me0, &c->logits), st);
+  TSR_CHECK_GOTO(keep_full(r, loss->value, me0, &c->loss), st);
+  for (int i = 0; i < np; i++) TSR_CHECK_GOTO(keep_full(r, params[i]->grad, me0, &c->grads[i]), st);
+  tsr_adamw_config ac = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  TSR_CHECK_GOTO(tsr_adamw_new(r, np, params, &ac, &opt), st);
+  TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-3), st);
+  for (int i = 0; i < np; i++)
+    TSR_CHECK_GOTO(keep_full(r, params[i]->value, me0, &c->after[i]), st);
+cleanup:
+  tsr_adamw_free(opt);
+  tsr_tape_free(t);
+  tsr_var_free(ids);
+  tsr_var_free(labels);
+  tsr_llama_free(lm);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static void case_free(tp_case *c) {
+  tsr_tensor_free(c->logits);
+  tsr_tensor_free(c->loss);
+  for (int i = 0; i < c->nparams; i++) {
+    tsr_tensor_free(c->grads[i]);
+    tsr_tensor_free(c->after[i]);
+  }
+  tsr_registry_free(c->reg);
+}
+
+/* The job file a run of `c` corresponds to; `extra` is appended. No dp plugin is loaded: the
+ * core's generic rules shard the batch over dp (as in test_model_mesh.c), so the job the loader
+ * checks keeps dp at 1 and the run's mesh adds it. */
+static void job_text(const tp_case *c, const char *extra, char *buf, size_t len) {
+  const tsr_llama_config *m = &c->cfg;
+  snprintf(buf, len,
+           "[job]\nsteps = 1\n[mesh]\ndims = dp, tp\nshape = %d, %d\n"
+           "[plugins]\nload = %s\n[strategy.tp]\nloss_parallel = %s\n"
+           "[model]\nvocab_size = %d\nhidden_size = %d\nintermediate_size = %d\n"
+           "num_hidden_layers = %d\nnum_attention_heads = %d\nnum_key_value_heads = %d\n"
+           "tie_word_embeddings = %s\n[data]\nbatch_size = %d\nseq_len = %d\n%s",
+           1, c->tp, c->sp ? "tp, sp" : "tp", c->loss_parallel ? "true" : "false", m->vocab_size,
+           m->hidden_size, m->intermediate_size, m->num_hidden_layers, m->num_attention_heads,
+           m->num_key_value_heads, m->tie_word_embeddings ? "true" : "false", c->batch, c->seq,
+           extra ? extra : "");
+}
+
+/* Loads the job's plugins into a new registry, as `tessera run` does. */
+static tsr_status load_plugins(const char *text, tsr_registry_t **reg, tsr_plugin_set_t **set) {
+  tsr_config *cfg = NULL;
+  TSR_CHECK(tsr_config_parse_string(text, "job.ini", &cfg));
+  tsr_status st = tsr_registry_new(reg);
+  if (st == TSR_OK) st = tsr_plugin_set_load(cfg, *reg, set);
+  tsr_config_free(cfg);
+  return st;
+}
+
+static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what, int k) {
+  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
+  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
+  for (int64_t i = 0; i < tsr_tensor_numel(a); i++)
+    if (!(fabsf(x[i] - y[i]) <= 1e-4f + 1e-4f * fabsf(y[i])))
+      fail_msg("%s %d [%lld]: %.8g with tp, %.8g on one rank", what, k, (long long)i, x[i], y[i]);
+}
+
+static void run_and_compare(tp_case many) {
+  tp_case one = {.dp = 1, .tp = 1, .cfg = many.cfg, .batch = many.batch, .seq = many.seq};
+  if (tsr_local_launch(1, 60.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
+  char text[1024];
+  job_text(&many, NULL, text, sizeof text);
+  tsr_plugin_set_t *set = NULL;
+  if (load_plugins(text, &many.reg, &set) != TSR_OK) fail_msg("%s", tsr_last_error());
+  int world = many.dp * many.tp;
+  if (tsr_local_launch(world, 60.0, run_step, &many) != TSR_OK) fail_msg("%s", tsr_last_error());
+  expect_close(many.logits, one.logits, "logits", 0);
+  expect_close(many.loss, one.loss, "loss", 0);
+  assert_int_equal(many.nparams, one.nparams);
+  for (int i = 0; i < one.nparams; i++) {
+    expect_close(many.grads[i], one.grads[i], "gradient of parameter", i);
+    expect_close(many.after[i], one.after[i], "after the step, parameter", i);
+  }
+  for (int rank = 0; rank < world; rank++) {
+    int d = rank / many.tp, i = rank % many.tp;
+    uint64_t want = expected_tp_bytes(&many, i, ch(many.batch, many.dp, d));
+    if (many.tp_bytes[rank] != want)
+      fail_msg("rank %d (tp %d): %llu bytes on tp, the formula says %llu", rank, i,
+               (unsigned long long)many.tp_bytes[rank], (unsigned long long)want);
+  }
+  tsr_plugin_set_free(set);
+  case_free(&one);
+  case_free(&many);
+}
+
+/* ---- tp ---- */
+
+static void test_tp2_gqa_kv_split(void **s) {
+  /* 4 q heads, 2 kv heads: one kv head per rank; vocabulary 19 splits 10 / 9 */
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 2,
+                            .loss_parallel = true,
+                            .cfg = model(19, 16, 20, 4, 2, false),
+                            .batch = 2,
+                            .seq = 6});
+}
+
+static void test_tp3_uneven_vocab_and_mlp(void **s) {
+  /* vocabulary 19 -> 7, 7, 5; intermediate 20 -> 7, 7, 6; hidden 24 -> 8 each; 6 q / 3 kv */
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 3,
+                            .loss_parallel = true,
+                            .cfg = model(19, 24, 20, 6, 3, false),
+                            .batch = 2,
+                            .seq = 5});
+}
+
+static void test_tp4_vocab_250_kv_replicated(void **s) {
+  /* 8 q heads, 2 kv heads over 4 ranks: each kv head serves two ranks, which keep it whole;
+   * vocabulary 250 -> 63, 63, 63, 61 */
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 4,
+                            .loss_parallel = true,
+                            .cfg = model(250, 32, 44, 8, 2, false),
+                            .batch = 2,
+                            .seq = 5});
+}
+
+static void test_tp4_gathered_loss(void **s) {
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 4,
+                            .loss_parallel = false,
+                            .cfg = model(250, 32, 44, 8, 4, false),
+                            .batch = 2,
+                            .seq = 5});
+}
+
+static void test_tp2_tied_embeddings(void **s) {
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 2,
+                            .loss_parallel = true,
+                            .cfg = model(19, 16, 20, 4, 2, true),
+                            .batch = 2,
+                            .seq = 6});
+}
+
+static void test_dp2_tp2_uneven_batch(void **s) {
+  run_and_compare((tp_case){.dp = 2,
+                            .tp = 2,
+                            .loss_parallel = true,
+                            .cfg = model(19, 16, 20, 4, 2, false),
+                            .batch = 3,
+                            .seq = 4});
+}
+
+/* ---- tp + sp ---- */
+
+static void test_sp2_uneven_sequence(void **s) {
+  /* 7 tokens over 2 ranks: 4 and 3 */
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 2,
+                            .sp = true,
+                            .loss_parallel = true,
+                            .cfg = model(19, 16, 20, 4, 2, false),
+                            .batch = 2,
+                            .seq = 7});
+}
+
+static void test_sp4_kv_replicated(void **s) {
+  /* 7 tokens over 4 ranks: 2, 2, 2, 1; hidden 20 over 4 for the embedding's all-to-all */
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 4,
+                            .sp = true,
+                            .loss_parallel = true,
+                            .cfg = model(250, 32, 44, 8, 2, false),
+                            .batch = 2,
+                            .seq = 7});
+}
+
+static void test_sp4_gathered_loss_tied(void **s) {
+  run_and_compare((tp_case){.dp = 1,
+                            .tp = 4,
+                            .sp = true,
+                            .loss_parallel = false,
+                            .cfg = model(250, 32, 44, 8, 4, true),
+                            .batch = 2,
+                            .seq = 8});
+}
+
+static void test_dp2_sp2(void **s) {
+  run_and_compare((tp_case){.dp = 2,
+                            .tp = 2,
+                            .sp = true,
+                            .loss_parallel = true,
+                            .cfg = model(19, 16, 20, 4, 2, true),
+                            .batch = 3,
+                            .seq = 5});
+}
+
+/* ---- errors at plan time ---- */
+
+static void load_fails(tp_case c, const char *want) {
+  char text[1024];
+  job_text(&c, NULL, text, sizeof text);
+  tsr_plugin_set_t *set = NULL;
+  tsr_status st = load_plugins(text, &c.reg, &set);
+  if (st == TSR_OK) fail_msg("the job loaded; expected: %s", want);
+  if (!strstr(tsr_last_error(), want))
+    fail_msg("message\n  %s\nlacks\n  %s", tsr_last_error(), want);
+  tsr_plugin_set_free(set);
+  tsr_registry_free(c.reg);
+}
+
+static void test_plan_time_errors(void **s) {
+  /* the line numbers are those of job_text's layout */
+  load_fails(
+      (tp_case){.dp = 1, .tp = 3, .cfg = model(19, 16, 20, 4, 2, false), .batch = 2, .seq = 4},
+      "job.ini:15: [model] num_attention_heads: 4 attention heads cannot be split over "
+      "tp = 3");
+  load_fails(
+      (tp_case){.dp = 1, .tp = 2, .cfg = model(19, 24, 20, 6, 3, false), .batch = 2, .seq = 4},
+      "job.ini:16: [model] num_key_value_heads: 3 kv heads over tp = 2: tp must divide "
+      "the kv heads (they are split) or be a multiple of them (they are replicated)");
+  load_fails((tp_case){.dp = 1,
+                       .tp = 4,
+                       .sp = true,
+                       .cfg = model(19, 16, 20, 4, 2, false),
+                       .batch = 2,
+                       .seq = 3},
+             "job.ini:20: [data] seq_len: 3 tokens cannot be split over tp = 4 for sequence "
+             "parallelism");
+}
+
+static void test_loss_parallel_key_is_checked(void **s) {
+  tp_case c = {.dp = 1, .tp = 2, .cfg = model(19, 16, 20, 4, 2, false), .batch = 2, .seq = 4};
+  char text[1024];
+  job_text(&c, NULL, text, sizeof text);
+  char *lp = strstr(text, "loss_parallel = false");
+  assert_non_null(lp);
+  memcpy(lp, "loss_parallel = maybe", strlen("loss_parallel = maybe"));
+  tsr_plugin_set_t *set = NULL;
+  assert_int_not_equal(load_plugins(text, &c.reg, &set), TSR_OK);
+  assert_non_null(strstr(tsr_last_error(), "loss_parallel"));
+  tsr_plugin_set_free(set);
+  tsr_registry_free(c.reg);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_tp2_gqa_kv_split),
+      cmocka_unit_test(test_tp3_uneven_vocab_and_mlp),
+      cmocka_unit_test(test_tp4_vocab_250_kv_replicated),
+      cmocka_unit_test(test_tp4_gathered_loss),
+      cmocka_unit_test(test_tp2_tied_embeddings),
+      cmocka_unit_test(test_dp2_tp2_uneven_batch),
+      cmocka_unit_test(test_sp2_uneven_sequence),
+      cmocka_unit_test(test_sp4_kv_replicated),
+      cmocka_unit_test(test_sp4_gathered_loss_tied),
+      cmocka_unit_test(test_dp2_sp2),
+      cmocka_unit_test(test_plan_time_errors),
+      cmocka_unit_test(test_loss_parallel_key_is_checked),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
