@@ -1,0 +1,34 @@
+#!/bin/sh
+# Tessera's training step against PyTorch eager on the same preset and thread count, run one after
+# the other on this machine, and the ratio of their tokens/s.
+#
+#   bench/compare_pytorch.sh [BUILD_DIR] [THREADS]      defaults: build, 2
+#
+# PyTorch is Debian's python3-torch: PYTHON (default /usr/bin/python3, the interpreter the Debian
+# package installs into) must import torch.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-build}
+threads=${2:-2}
+python=${PYTHON:-/usr/bin/python3}
+bench="$build/bench/bench_train"
+[ -x "$bench" ] || { echo "compare_pytorch.sh: $bench not built (cmake --build $build)" >&2; exit 2; }
+"$python" -c "import torch" 2>/dev/null ||
+  { echo "compare_pytorch.sh: $python cannot import torch (apt-get install python3-torch)" >&2; exit 2; }
+
+# Both sides get the same thread count from the start: OpenBLAS and OpenMP read these when they
+# load, before either program sets its own.
+export OMP_NUM_THREADS="$threads" OPENBLAS_NUM_THREADS="$threads"
+
+echo "== tessera"
+t_out=$("$bench" --threads "$threads" --steps 3)
+echo "$t_out"
+echo "== pytorch eager"
+p_out=$("$python" "$here/pytorch_llama.py" --threads "$threads" --steps 3 --warmup 1)
+echo "$p_out"
+
+t=$(echo "$t_out" | sed -n 's/^bench_train tokens_per_s=\([0-9.]*\).*/\1/p')
+p=$(echo "$p_out" | sed -n 's/^pytorch_llama tokens_per_s=\([0-9.]*\).*/\1/p')
+[ -n "$t" ] && [ -n "$p" ] || { echo "compare_pytorch.sh: a benchmark printed no figure" >&2; exit 1; }
+echo "== ratio"
+awk -v t="$t" -v p="$p" 'BEGIN { printf "tessera %.1f tokens/s, pytorch %.1f tokens/s: %.2fx (target >= 1.5x)\n", t, p, t / p }'
