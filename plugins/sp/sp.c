@@ -13,7 +13,8 @@
  *
  * sp owns no mesh dim and requires tp; tp leaves these three styles to sp when the job loads it.
  * A sequence that tp does not divide is split unevenly as torch.chunk does (7 over 4: 2, 2, 2, 1);
- * every op of the norm regions works row by row, so nothing else changes.
+ * every op of the norm regions works row by row, so nothing else changes. A split that would
+ * leave a rank without tokens (5 over 4: 2, 2, 1, 0) is a plan-time error.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,12 +28,16 @@ static tsr_status sp_validate(const tsr_plugin_args *args) {
   int tp = 1;
   for (int i = 0; i < cfg->mesh.ndim && i < cfg->mesh.nshape; i++)
     if (!strcmp(cfg->mesh.names[i], "tp")) tp = cfg->mesh.shape[i];
-  /* a rank with no tokens still works, but the job would waste it: almost certainly a mistake */
-  if (tp > 1 && cfg->data.seq_len < tp)
+  /* torch.chunk leaves trailing ranks empty when ceil(L / tp) is too coarse (5 over 4 gives 2, 2,
+   * 1, 0): the step would still be right, but a rank would hold no tokens of the norm regions,
+   * which is never what a job means */
+  int64_t L = cfg->data.seq_len;
+  if (tp > 1 && tsr_chunk_size(L, tp, tp - 1) == 0)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",
-                            "%lld tokens cannot be split over tp = %d for sequence parallelism; "
-                            "use seq_len >= %d or drop sp from [plugins] load",
-                            (long long)cfg->data.seq_len, tp, tp);
+                            "%lld tokens over tp = %d split into chunks of %lld, leaving the last "
+                            "rank without tokens for sequence parallelism; use a multiple of %d "
+                            "or drop sp from [plugins] load",
+                            (long long)L, tp, (long long)tsr_chunk_size(L, tp, 0), tp);
   return TSR_OK;
 }
 

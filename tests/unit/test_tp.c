@@ -359,7 +359,9 @@ static void test_dp2_sp2(void **s) {
 
 /* ---- errors at plan time ---- */
 
-static void load_fails(tp_case c, const char *want) {
+/* The loader puts the plugin's path before the fix (after the first ';'), so `want` and `fix`
+ * are looked for apart. */
+static void load_fails(tp_case c, const char *want, const char *fix) {
   char text[1024];
   job_text(&c, NULL, text, sizeof text);
   tsr_plugin_set_t *set = NULL;
@@ -367,6 +369,7 @@ static void load_fails(tp_case c, const char *want) {
   if (st == TSR_OK) fail_msg("the job loaded; expected: %s", want);
   if (!strstr(tsr_last_error(), want))
     fail_msg("message\n  %s\nlacks\n  %s", tsr_last_error(), want);
+  if (!strstr(tsr_last_error(), fix)) fail_msg("message\n  %s\nlacks\n  %s", tsr_last_error(), fix);
   tsr_plugin_set_free(set);
   tsr_registry_free(c.reg);
 }
@@ -376,19 +379,22 @@ static void test_plan_time_errors(void **s) {
   load_fails(
       (tp_case){.dp = 1, .tp = 3, .cfg = model(19, 16, 20, 4, 2, false), .batch = 2, .seq = 4},
       "job.ini:15: [model] num_attention_heads: 4 attention heads cannot be split over "
-      "tp = 3");
+      "tp = 3",
+      "use a multiple of 3 heads or a tp that divides 4");
   load_fails(
       (tp_case){.dp = 1, .tp = 2, .cfg = model(19, 24, 20, 6, 3, false), .batch = 2, .seq = 4},
       "job.ini:16: [model] num_key_value_heads: 3 kv heads over tp = 2: tp must divide "
-      "the kv heads (they are split) or be a multiple of them (they are replicated)");
+      "the kv heads (they are split) or be a multiple of them (they are replicated)",
+      "use e.g. num_key_value_heads = 2");
   load_fails((tp_case){.dp = 1,
                        .tp = 4,
                        .sp = true,
                        .cfg = model(19, 16, 20, 4, 2, false),
                        .batch = 2,
-                       .seq = 3},
-             "job.ini:20: [data] seq_len: 3 tokens cannot be split over tp = 4 for sequence "
-             "parallelism");
+                       .seq = 5},
+             "job.ini:20: [data] seq_len: 5 tokens over tp = 4 split into chunks of 2, leaving "
+             "the last rank without tokens for sequence parallelism",
+             "use a multiple of 4 or drop sp from [plugins] load");
 }
 
 static void test_loss_parallel_key_is_checked(void **s) {
