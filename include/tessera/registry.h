@@ -100,7 +100,9 @@ const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i);
  * For one module style ("column_linear", "row_linear", "embedding", "rmsnorm", "attention",
  * "mlp") on one mesh dim, the strategy that owns the dim decides the placements of the module's
  * parameters and of its input and output activations on that dim. A dim with no style for a
- * module is dense and replicated there (tsr_module_style_param returns Replicate). */
+ * module is dense and replicated there (tsr_module_style_param returns Replicate). The Llama
+ * model places k_proj and v_proj by "kv_linear" where a strategy registered it on the dim, and by
+ * "column_linear" elsewhere (tensor parallelism keeps them whole when tp > kv heads). */
 #define TSR_MAX_STYLE_PARAMS 4
 
 typedef struct tsr_style_param {

@@ -2,7 +2,8 @@
  *
  * Parameters carry HF names (model.layers.3.self_attn.q_proj.weight) and are placed by the
  * module styles that the loaded strategies registered for each mesh dim (column_linear,
- * row_linear, embedding, rmsnorm); with no strategy for a dim they are dense and replicated.
+ * row_linear, embedding, rmsnorm, and kv_linear for k_proj/v_proj, column_linear where a dim has
+ * no kv_linear); with no strategy for a dim they are dense and replicated.
  * The model code never changes when the mesh does.
  */
 #ifndef TESSERA_LLAMA_H

@@ -327,7 +327,7 @@ static void test_sp2_uneven_sequence(void **s) {
 }
 
 static void test_sp4_kv_replicated(void **s) {
-  /* 7 tokens over 4 ranks: 2, 2, 2, 1; hidden 20 over 4 for the embedding's all-to-all */
+  /* 7 tokens over 4 ranks: 2, 2, 2, 1, with the kv heads replicated */
   run_and_compare((tp_case){.dp = 1,
                             .tp = 4,
                             .sp = true,
