@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "app.h"
+#include "train.h"
 #include "tessera/comm.h"
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
@@ -82,6 +83,7 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
           tsr_registry_redistribute_count(job->reg), tsr_registry_op_rule_count(job->reg),
           tsr_registry_module_style_count(job->reg), tsr_registry_schedule_count(job->reg),
           tsr_registry_optim_hook_count(job->reg));
+  tsr_train_pipe_print_plan(job, f);
   fprintf(f, "parameters: not listed by plan yet; `tessera run` builds the model and logs the "
              "peak bytes per rank\n");
 }

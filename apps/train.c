@@ -224,7 +224,13 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
     tsr_comm_bytes_reset(tsr_rank_comm(t->r));
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
-    TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss), st);
+    if (t->pipe)
+      TSR_CHECK_GOTO(
+          tsr_train_pipe_forward_backward(t, step, ids, labels, train, first ? &dump : NULL, &loss),
+          st);
+    else
+      TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss),
+                     st);
     if (train) TSR_CHECK_GOTO(optimizer_step(t, tape, step, lr, first ? &dump : NULL, &gnorm), st);
     if (first) {
       st = tsr_train_dump_write(t, &dump);
@@ -237,6 +243,8 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     if (lead) tsr_train_log_step(&ctx->log, &s);
   }
   if (lead) tsr_train_log_end(&ctx->log);
+  st = tsr_train_pipe_finish(t, all, ctx->log.out);
+  TSR_CHECK_GOTO(agree(all, st), st);
   if (train) {
     st = tsr_train_save_checkpoint(t);
     TSR_CHECK_GOTO(agree(all, st), st);
@@ -260,6 +268,7 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
   tsr_llama_config mc = model_config(c);
   TSR_CHECK_GOTO(tsr_llama_new(t.r, job->mesh, &mc, (uint64_t)c->job.seed, &t.model), st);
+  TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
   t.nparams = tsr_llama_param_count(t.model);
   t.params = calloc((size_t)t.nparams + 1, sizeof *t.params);
   t.names = calloc((size_t)t.nparams + 1, sizeof *t.names);
@@ -306,6 +315,8 @@ cleanup:
   tsr_llama_free(t.model);
   free(t.params);
   free(t.names);
+  free(t.events);
+  free(t.event_steps);
   tsr_rank_free(t.r);
   return st;
 }

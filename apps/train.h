@@ -8,6 +8,7 @@
 
 #include "app.h"
 #include "llama.h"
+#include "llama_pipe.h"
 #include "tessera/autograd.h"
 #include "tessera/optim.h"
 #include "tessera/rank.h"
@@ -40,6 +41,14 @@ typedef struct tsr_train_rank {
   tsr_var **params;   /* (nparams) borrowed from the model */
   const char **names; /* (nparams) borrowed from the model */
   int64_t start_step; /* optimizer steps already taken (from a resumed checkpoint) */
+  /* Pipeline (mesh dim pp > 1): the schedule and microbatches its owner's section names; NULL
+   * runs the model's ops in order instead. */
+  const tsr_schedule *pipe;
+  int microbatches;
+  int peak_in_flight; /* most microbatches this rank held at once, over the run */
+  int nevents, cap_events;
+  tsr_pipe_event *events; /* for [output] trace, every step's, times relative to the run */
+  int64_t *event_steps;   /* (nevents) the optimizer step of each event */
 } tsr_train_rank;
 
 /* `value` resolved against the job file's directory unless absolute, into buf. */
@@ -52,6 +61,16 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed);
  * written by rank 0. Collective. */
 tsr_status tsr_train_save_checkpoint(tsr_train_rank *t);
 
+/* Pipeline support (train_pipe.c). Sets t->pipe and t->microbatches when the mesh has pp > 1:
+ * the schedule named by [strategy.OWNER] schedule, OWNER being the plugin that owns pp. */
+tsr_status tsr_train_pipe_setup(tsr_train_rank *t);
+/* Prints the schedule's text timeline and bubble fraction for `tessera plan` (nothing without
+ * pp > 1). */
+void tsr_train_pipe_print_plan(const tsr_app_job *job, FILE *f);
+/* After the last step: rank 0 prints each rank's peak of microbatches in flight to `out` and
+ * writes [output] trace from every rank's events. Collective over `all`; no-op without a pipe. */
+tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out);
+
 /* Dump contents collected on the first step; every tensor is full (gathered) and owned. */
 typedef struct tsr_train_dump {
   int n, cap;
@@ -60,7 +79,7 @@ typedef struct tsr_train_dump {
 } tsr_train_dump;
 
 /* Gathers x to a full tensor and appends it under `name` (rank 0 keeps it; others drop it).
- * Collective over x's mesh. */
+ * Collective over x's mesh, or over the job's mesh when x lives on one pipeline stage. */
 tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
                               const tsr_dtensor *x);
 /* Appends a tensor that is already full (ownership moves). */
@@ -68,5 +87,12 @@ tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tens
 /* Rank 0 writes the dump to [output] dump. */
 tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d);
 void tsr_train_dump_free(tsr_train_dump *d);
+
+/* One optimizer step's forward (and backward) through the pipeline schedule, per accumulation
+ * step: fills *loss with the batch's mean loss on every rank and, with a dump, adds the whole
+ * batch's logits and the loss. `step` tags the trace events. */
+tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, const int32_t *ids,
+                                           const int32_t *labels, bool train, tsr_train_dump *dump,
+                                           double *loss);
 
 #endif

@@ -171,9 +171,21 @@ tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tens
 
 tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
                               const tsr_dtensor *x) {
-  if (!x->local) return TSR_OK;
   tsr_tensor *full = NULL;
-  TSR_CHECK(tsr_dtensor_full_tensor(t->r, x, &full));
+  if (!tsr_mesh_equal(x->mesh, t->job->mesh) && tsr_mesh_unbound_dim(x->mesh)) {
+    /* on one pipeline stage: every rank joins the move to the whole mesh (a broadcast along
+     * the unbound dim), so that rank 0 gets it from whichever stage holds it */
+    tsr_placement rep[TSR_MAX_MESH_DIMS];
+    for (int i = 0; i < tsr_mesh_ndim(t->job->mesh); i++) rep[i] = tsr_replicate();
+    tsr_dtensor *y = NULL;
+    TSR_CHECK(tsr_dtensor_redistribute(t->r, x, t->job->mesh, rep, &y));
+    tsr_status st = tsr_dtensor_full_tensor(t->r, y, &full);
+    tsr_dtensor_free(y);
+    TSR_CHECK(st);
+  } else {
+    if (!x->local) return TSR_OK;
+    TSR_CHECK(tsr_dtensor_full_tensor(t->r, x, &full));
+  }
   if (tsr_rank_id(t->r) != 0) {
     tsr_tensor_free(full);
     return TSR_OK;

@@ -469,3 +469,84 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   TSR_CHECK(place_input(t, labels, m->stages[last], &lab));
   return tsr_op_cross_entropy(t, *logits, lab, loss);
 }
+
+/* ---- one pipeline stage at a time ---- */
+
+tsr_rank_t *tsr_llama_rank(const tsr_llama_t *m) {
+  return m->r;
+}
+
+/* Placements of the residual stream where it crosses stages: what place_input and the
+ * embedding style give it, so that both sides of a transfer agree without sending metadata. */
+void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placement *p) {
+  static const char *const names[] = {"dp", "ulysses_cp", "ring_cp"};
+  const tsr_placement want[] = {tsr_shard(0), tsr_shard(1), tsr_shard(1)};
+  const tsr_mesh_t *mesh = m->stages[stage];
+  for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
+    const char *dim = tsr_mesh_dim_name(mesh, i);
+    const tsr_registry_t *reg = tsr_rank_registry(m->r);
+    const tsr_module_style *s = reg ? tsr_registry_find_module_style(reg, "embedding", dim) : NULL;
+    p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? s->output : tsr_replicate();
+    for (int k = 0; k < 3; k++)
+      if (strcmp(tsr_mesh_canonical_name(names[k]), dim) == 0) p[i] = want[k];
+  }
+}
+
+static tsr_status decoder_layer(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *h,
+                                tsr_var **out) {
+  tsr_var *n, *a, *f;
+  TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
+  TSR_CHECK(attention(m, t, y, n, &a));
+  TSR_CHECK(tsr_op_add(t, h, a, &h));
+  TSR_CHECK(rmsnorm(m, t, h, y->post_attention_layernorm, &n));
+  TSR_CHECK(mlp(m, t, y, n, &f));
+  return tsr_op_add(t, h, f, out);
+}
+
+tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr_var *ids,
+                                   tsr_var *in, tsr_var *labels, tsr_var **out, tsr_var **logits,
+                                   tsr_var **loss) {
+  int last = m->nstages - 1;
+  *out = NULL;
+  if (logits) *logits = NULL;
+  if (loss) *loss = NULL;
+  if (stage < 0 || stage > last)
+    return TSR_ERROR(TSR_EINVAL, "pipeline stage %d out of range (%d stages)", stage, m->nstages);
+  if (m->cfg.tie_word_embeddings && m->nstages > 1)
+    return TSR_ERROR(TSR_EINVAL,
+                     "stage-by-stage forward with tied embeddings over %d stages is "
+                     "not implemented; set [model] tie_word_embeddings = false",
+                     m->nstages);
+  tsr_var *h, *x, *e, *n;
+  if (stage == 0) {
+    TSR_CHECK(place_input(t, ids, m->stages[0], &x));
+    TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
+    TSR_CHECK(styled(m, t, "embedding", true, e, &h));
+  } else {
+    h = in;
+  }
+  for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+    if (m->layer_stage[l] == stage) TSR_CHECK(decoder_layer(m, t, &m->layers[l], h, &h));
+  if (stage < last) {
+    /* the receiving stage builds its input with these placements */
+    tsr_placement p[TSR_MAX_MESH_DIMS];
+    bool same = true;
+    tsr_llama_stage_io_placements(m, stage, p);
+    for (int i = 0; i < tsr_mesh_ndim(m->stages[stage]); i++)
+      same = same && tsr_placement_equal(p[i], h->value->placements[i]);
+    if (same) {
+      *out = h;
+      return TSR_OK;
+    }
+    return tsr_op_redistribute(t, h, m->stages[stage], p, out);
+  }
+  TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
+  tsr_var *head = m->lm_head ? m->lm_head : m->embed_tokens;
+  TSR_CHECK(linear(m, t, "column_linear", n, head, &h));
+  *out = h;
+  if (logits) *logits = h;
+  if (!labels || !loss) return TSR_OK;
+  tsr_var *lab;
+  TSR_CHECK(place_input(t, labels, m->stages[last], &lab));
+  return tsr_op_cross_entropy(t, h, lab, loss);
+}

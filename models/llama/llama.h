@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "tessera/autograd.h"
+#include "tessera/dtensor.h"
 #include "tessera/mesh.h"
 
 #ifdef __cplusplus
@@ -68,6 +69,24 @@ int64_t tsr_llama_num_params(const tsr_llama_config *cfg);
  * last pipeline stage's mesh. */
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
                              tsr_var **logits, tsr_var **loss);
+
+/* ---- Stage by stage, for pipeline schedules ---- */
+
+tsr_rank_t *tsr_llama_rank(const tsr_llama_t *m);
+/* Placements (one per dim of the stage's mesh) of the activation that leaves `stage` and enters
+ * the next: batch over dp, sequence over the context-parallel dims, the embedding style's
+ * output elsewhere. Both sides of a transfer compute them, so no metadata travels. */
+void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placement *p);
+/* The part of the forward that `stage` computes; only that stage's ranks call it, so the
+ * caller moves activations and gradients between stages (tsr_llama_pipe_step does). Stage 0
+ * embeds `ids` (replicated on the stage's mesh; `in` unused); later stages start from `in`, a var
+ * on their mesh placed as tsr_llama_stage_io_placements of the previous stage. *out is the
+ * activation for the next stage, placed as tsr_llama_stage_io_placements(stage); on the last
+ * stage it is the logits, also in *logits, and with labels *loss is the mean cross-entropy of
+ * this microbatch. Tied embeddings over several stages are refused (not implemented). */
+tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr_var *ids,
+                                   tsr_var *in, tsr_var *labels, tsr_var **out, tsr_var **logits,
+                                   tsr_var **loss);
 
 #ifdef __cplusplus
 }

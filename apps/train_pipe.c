@@ -1,0 +1,213 @@
+/* The training loop's pipeline path: the schedule of the plugin that owns `pp`, run per
+ * accumulation step by tsr_llama_pipe_step; the dump's logits and loss of the whole batch; the
+ * [output] trace; the timeline `tessera plan` prints. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+/* [strategy.OWNER] `key` of the plugin that owns pp, defaults applied; NULL when none does. */
+static const char *owner_key(const tsr_app_job *job, const char *key) {
+  const char *owner = tsr_plugin_set_owner(job->plugins, "pp");
+  if (!owner) return NULL;
+  for (int i = 0; i < tsr_plugin_set_count(job->plugins); i++) {
+    const tsr_strategy *s = tsr_plugin_set_strategy(job->plugins, i);
+    if (s && strcmp(s->name, owner) == 0) return tsr_config_get(job->cfg, owner, s->keys, key);
+  }
+  return NULL;
+}
+
+static tsr_status find_pipe(const tsr_app_job *job, const tsr_schedule **sched, int *mb) {
+  *sched = NULL;
+  *mb = 1;
+  if (tsr_mesh_size_of(job->mesh, "pp") <= 1) return TSR_OK;
+  const char *name = owner_key(job, "schedule"), *m = owner_key(job, "microbatches");
+  const char *owner = tsr_plugin_set_owner(job->plugins, "pp");
+  if (!name || !m)
+    return tsr_error(TSR_EINVAL,
+                     "mesh dim pp has %d stages but its owner (%s) declares no "
+                     "'schedule' and 'microbatches' keys to run them with",
+                     tsr_mesh_size_of(job->mesh, "pp"), owner ? owner : "none");
+  *sched = tsr_registry_find_schedule(job->reg, name);
+  if (!*sched)
+    return tsr_error(TSR_EINVAL,
+                     "[strategy.%s] schedule = %s: no such pipeline schedule is "
+                     "registered",
+                     owner, name);
+  *mb = atoi(m);
+  return TSR_OK;
+}
+
+tsr_status tsr_train_pipe_setup(tsr_train_rank *t) {
+  return find_pipe(t->job, &t->pipe, &t->microbatches);
+}
+
+static tsr_status keep_events(tsr_train_rank *t, int64_t step, const tsr_pipe_result *res) {
+  if (!t->job->cfg->output.trace[0]) return TSR_OK;
+  if (t->nevents + res->nevents > t->cap_events) {
+    int cap = 2 * (t->nevents + res->nevents) + 64;
+    tsr_pipe_event *e = realloc(t->events, (size_t)cap * sizeof *e);
+    if (!e) return TSR_ERROR(TSR_ENOMEM, "trace: out of memory for %d events", cap);
+    t->events = e;
+    int64_t *s = realloc(t->event_steps, (size_t)cap * sizeof *s);
+    if (!s) return TSR_ERROR(TSR_ENOMEM, "trace: out of memory for %d events", cap);
+    t->event_steps = s;
+    t->cap_events = cap;
+  }
+  for (int i = 0; i < res->nevents; i++) {
+    t->events[t->nevents] = res->events[i];
+    t->event_steps[t->nevents++] = step;
+  }
+  return TSR_OK;
+}
+
+tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, const int32_t *ids,
+                                           const int32_t *labels, bool train, tsr_train_dump *dump,
+                                           double *loss) {
+  const tsr_config *c = t->job->cfg;
+  int64_t accum = train ? c->optimizer.grad_accum_steps : 1;
+  int64_t rows = c->data.batch_size / accum, seq = c->data.seq_len;
+  tsr_tensor *parts[64] = {0};
+  tsr_status st = TSR_OK;
+  bool lead = tsr_rank_id(t->r) == 0;
+  *loss = 0.0;
+  if (dump && accum > 64)
+    return TSR_ERROR(TSR_EINVAL, "dumps support at most 64 accumulation steps");
+  for (int64_t k = 0; k < accum; k++) {
+    tsr_pipe_result res;
+    TSR_CHECK_GOTO(tsr_llama_pipe_step(t->model, t->job->mesh, t->pipe, t->microbatches,
+                                       ids + k * rows * seq, labels + k * rows * seq, rows, seq,
+                                       train, dump != NULL, &res),
+                   st);
+    *loss += res.loss / (double)accum;
+    if (res.peak_in_flight > t->peak_in_flight) t->peak_in_flight = res.peak_in_flight;
+    st = keep_events(t, step, &res);
+    if (lead && dump) {
+      parts[k] = res.logits;
+      res.logits = NULL;
+    }
+    tsr_pipe_result_free(&res);
+    TSR_CHECK_GOTO(st, st);
+  }
+  if (lead && dump) {
+    tsr_tensor *all = NULL, *scalar = NULL;
+    TSR_CHECK_GOTO(tsr_tensor_cat(parts, (int)accum, 0, &all), st);
+    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "logits", all), st);
+    TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, 0, NULL, &scalar), st);
+    *(float *)tsr_tensor_data(scalar) = (float)*loss;
+    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "loss", scalar), st);
+  }
+cleanup:
+  for (int k = 0; k < 64; k++) tsr_tensor_free(parts[k]);
+  return st;
+}
+
+void tsr_train_pipe_print_plan(const tsr_app_job *job, FILE *f) {
+  const tsr_schedule *sched = NULL;
+  int mb = 1;
+  if (find_pipe(job, &sched, &mb) != TSR_OK) {
+    fprintf(f, "pipeline: %s\n", tsr_last_error());
+    return;
+  }
+  if (!sched) return;
+  fprintf(f, "pipeline:\n");
+  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, "pp"), mb, f);
+}
+
+static const char *kind_name(int kind) {
+  static const char *const names[] = {"forward",  "backward",  "send_act",
+                                      "recv_act", "send_grad", "recv_grad"};
+  return kind >= 0 && kind < 6 ? names[kind] : "?";
+}
+
+/* Rank 0 prints each rank's peak of microbatches in flight (activations held at once). */
+static tsr_status report_in_flight(tsr_train_rank *t, tsr_group_t *all, FILE *out) {
+  int world = tsr_group_size(all);
+  int32_t mine = t->peak_in_flight, *every = calloc((size_t)world, sizeof *every);
+  if (!every) return TSR_ERROR(TSR_ENOMEM, "out of memory");
+  tsr_status st = tsr_comm_all_gather(all, &mine, 1, every, NULL, TSR_I32);
+  if (st == TSR_OK && tsr_group_index(all) == 0) {
+    fprintf(out, "pipeline: schedule %s, %d microbatches; peak microbatches in flight per rank:",
+            t->pipe->name, t->microbatches);
+    for (int r = 0; r < world; r++) fprintf(out, " %d", every[r]);
+    fprintf(out, "\n");
+  }
+  free(every);
+  return st;
+}
+
+tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out) {
+  const tsr_config *c = t->job->cfg;
+  if (!t->pipe) return TSR_OK;
+  TSR_CHECK(report_in_flight(t, all, out));
+  if (!c->output.trace[0]) return TSR_OK;
+  int world = tsr_group_size(all), me = tsr_group_index(all);
+  /* each event as 6 integers: step, kind, microbatch, stage, t0 and t1 in ns */
+  size_t *counts = calloc((size_t)world, sizeof *counts);
+  int64_t *mine = malloc(((size_t)t->nevents * 6 + 1) * sizeof *mine), *every = NULL;
+  int64_t n = t->nevents, *ns = calloc((size_t)world, sizeof *ns);
+  int stage = 0;
+  for (int s = 0; s < tsr_llama_stage_count(t->model); s++)
+    if (tsr_mesh_contains(tsr_llama_stage_mesh(t->model, s), tsr_rank_id(t->r))) stage = s;
+  tsr_status st = TSR_OK;
+  if (!counts || !mine || !ns) {
+    st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory");
+    goto cleanup;
+  }
+  for (int i = 0; i < t->nevents; i++) {
+    int64_t *e = mine + 6 * i;
+    e[0] = t->event_steps[i], e[1] = t->events[i].kind, e[2] = t->events[i].microbatch;
+    e[3] = stage, e[4] = (int64_t)(t->events[i].t0 * 1e9), e[5] = (int64_t)(t->events[i].t1 * 1e9);
+  }
+  TSR_CHECK_GOTO(tsr_comm_all_gather(all, &n, 1, ns, NULL, TSR_I64), st);
+  size_t total = 0;
+  for (int r = 0; r < world; r++) total += (counts[r] = (size_t)ns[r] * 6);
+  every = malloc((total + 1) * sizeof *every);
+  if (!every) {
+    st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory for %zu values", total);
+    goto cleanup;
+  }
+  TSR_CHECK_GOTO(tsr_comm_all_gather(all, mine, (size_t)n * 6, every, counts, TSR_I64), st);
+  if (me == 0) {
+    char path[TSR_MAX_PATH];
+    tsr_train_path(c, c->output.trace, path, sizeof path);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+      st = tsr_error(TSR_EIO, "%s:%d: [output] trace: cannot write %s", c->path,
+                     tsr_config_line(c, "output", "trace"), path);
+    } else {
+      int64_t t0 = 0;
+      for (size_t i = 0; i < total; i += 6)
+        if (i == 0 || every[i + 4] < t0) t0 = every[i + 4];
+      fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+      size_t at = 0;
+      for (int r = 0; r < world; r++) {
+        int st_r = ns[r] ? (int)every[at + 3] : 0;
+        fprintf(f,
+                "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
+                "\"args\": {\"name\": \"rank %d (stage %d)\"}},\n",
+                r, r, st_r);
+        for (int64_t i = 0; i < ns[r]; i++, at += 6) {
+          const int64_t *e = every + at;
+          fprintf(f,
+                  "{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
+                  "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d, \"microbatch\": %d, "
+                  "\"stage\": %d}},\n",
+                  kind_name((int)e[1]), (int)e[2], kind_name((int)e[1]), r,
+                  (double)(e[4] - t0) * 1e-3, (double)(e[5] - e[4]) * 1e-3, (int)e[0], (int)e[2],
+                  (int)e[3]);
+        }
+      }
+      fprintf(f, "{\"name\": \"end\", \"ph\": \"i\", \"pid\": 0, \"tid\": 0, \"ts\": 0, \"s\": "
+                 "\"g\"}\n]}\n");
+      if (fclose(f) != 0)
+        st = tsr_error(TSR_EIO, "%s: [output] trace: write failed for %s", c->path, path);
+    }
+  }
+cleanup:
+  free(counts);
+  free(mine);
+  free(every);
+  free(ns);
+  return st;
+}

@@ -1,0 +1,126 @@
+/* pp: pipeline parallelism over the `pp` mesh dim.
+ *
+ * The model unbinds `pp` into stage meshes and holds each layer on its stage (models/llama); this
+ * plugin owns the dim, checks the job against it and registers the schedules that order each
+ * stage's forwards, backwards and transfers over the microbatches of a step. `tessera run` runs
+ * the schedule named in [strategy.pp] schedule with [strategy.pp] microbatches.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "pp_schedule.h"
+#include "tessera/plugin.h"
+
+static const char *const pp_dims[] = {"pp", NULL};
+
+static const tsr_key_spec pp_keys[] = {
+    {"schedule", TSR_KEY_ENUM, "1f1b", 0, 0, "gpipe|1f1b|interleaved_1f1b|zero_bubble",
+     "order of forwards and backwards over the microbatches of a step"},
+    {"microbatches", TSR_KEY_INT, "1", 1, 4096, NULL,
+     "microbatches per step (per accumulation step); at most the rows of one"},
+    {"stages_per_rank", TSR_KEY_INT, "1", 1, 64, NULL,
+     "model chunks per rank (virtual stages of interleaved schedules)"},
+    {"layers_per_stage", TSR_KEY_INTS, "", 1, 1000000, NULL,
+     "explicit layer count of each stage; empty: as even as possible, earlier stages first"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+static int mesh_size(const tsr_config *c, const char *dim) {
+  for (int i = 0; i < c->mesh.ndim; i++)
+    if (strcmp(c->mesh.names[i], dim) == 0) return c->mesh.shape[i];
+  return 1;
+}
+
+static tsr_status pp_validate(const tsr_plugin_args *args) {
+  const tsr_config *c = args->config;
+  const char *sec = "strategy.pp";
+  int pp = mesh_size(c, "pp");
+  int64_t mb = 1, spr = 1;
+  TSR_CHECK(tsr_config_get_int(c, args->name, pp_keys, "microbatches", &mb));
+  TSR_CHECK(tsr_config_get_int(c, args->name, pp_keys, "stages_per_rank", &spr));
+  const char *sched = tsr_config_get(c, args->name, pp_keys, "schedule");
+  const char *lps = tsr_config_get(c, args->name, pp_keys, "layers_per_stage");
+  if (strcmp(sched, "interleaved_1f1b") == 0) {
+    if (mb % pp)
+      return tsr_config_error(c, TSR_EINVAL, sec, "microbatches",
+                              "interleaved_1f1b needs microbatches %% pp == 0, got %lld over pp = "
+                              "%d; use a multiple of %d",
+                              (long long)mb, pp, pp);
+    return tsr_config_error(c, TSR_EINVAL, sec, "schedule",
+                            "interleaved_1f1b (virtual stages) is not implemented in this build; "
+                            "use gpipe or 1f1b");
+  }
+  if (strcmp(sched, "zero_bubble") == 0)
+    return tsr_config_error(c, TSR_EINVAL, sec, "schedule",
+                            "zero_bubble (split input- and weight-gradient backward) is not "
+                            "implemented in this build; use gpipe or 1f1b");
+  if (spr != 1)
+    return tsr_config_error(c, TSR_EINVAL, sec, "stages_per_rank",
+                            "%lld model chunks per rank need an interleaved schedule, which is "
+                            "not implemented in this build; use 1",
+                            (long long)spr);
+  if (lps && lps[0])
+    return tsr_config_error(c, TSR_EINVAL, sec, "layers_per_stage",
+                            "an explicit layer split is not implemented in this build; remove "
+                            "the key to split the layers as evenly as possible");
+  if (pp <= 1) return TSR_OK;
+  int64_t layers = c->model.num_hidden_layers;
+  if (layers < pp)
+    return tsr_config_error(c, TSR_EINVAL, "model", "num_hidden_layers",
+                            "%lld layers cannot fill pp = %d stages (every stage needs one); "
+                            "lower pp or raise num_hidden_layers",
+                            (long long)layers, pp);
+  int64_t accum = c->optimizer.grad_accum_steps > 0 ? c->optimizer.grad_accum_steps : 1;
+  int64_t rows = c->data.batch_size / accum;
+  if (mb > rows)
+    return tsr_config_error(c, TSR_EINVAL, sec, "microbatches",
+                            "%lld microbatches but a step has %lld rows ([data] batch_size / "
+                            "[optimizer] grad_accum_steps); use at most %lld",
+                            (long long)mb, (long long)rows, (long long)rows);
+  if (c->model.tie_word_embeddings)
+    return tsr_config_error(c, TSR_EINVAL, "model", "tie_word_embeddings",
+                            "tied embeddings over pp = %d stages are not implemented in this "
+                            "build (the shared weight would live on the first and last stage); "
+                            "set it to false",
+                            pp);
+  return TSR_OK;
+}
+
+static tsr_status pp_init(const tsr_plugin_args *args, void **state) {
+  (void)args;
+  *state = NULL;
+  return TSR_OK;
+}
+
+static void pp_fini(void *state) {
+  (void)state;
+}
+
+static tsr_status pp_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
+  (void)state;
+  tsr_schedule gpipe = {"gpipe", args->name, tsr_pp_gpipe, NULL};
+  tsr_schedule one = {"1f1b", args->name, tsr_pp_1f1b, NULL};
+  TSR_CHECK(tsr_registry_add_schedule(reg, &gpipe));
+  return tsr_registry_add_schedule(reg, &one);
+}
+
+static const tsr_strategy pp_desc = {
+    .abi_major = TSR_ABI_MAJOR,
+    .abi_minor = TSR_ABI_MINOR,
+    .struct_size = sizeof(tsr_strategy),
+    .name = "pp",
+    .version = "0.1.0",
+    .description = "pipeline parallelism: layers on unbind(pp) stages, gpipe and 1f1b schedules",
+    .dims = pp_dims,
+    .keys = pp_keys,
+    .validate = pp_validate,
+    .init = pp_init,
+    .fini = pp_fini,
+    .register_rules = pp_register,
+};
+
+TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
+                                                    uint32_t core_abi_minor) {
+  (void)core_abi_major, (void)core_abi_minor;
+  return &pp_desc;
+}
