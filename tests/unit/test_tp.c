@@ -160,7 +160,7 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
   }
   c->tp_bytes[tsr_comm_rank(comm)] = tsr_comm_bytes(comm, "tp");
-  c->nparams = np;
+  if (me0) c->nparams = np;
   TSR_CHECK_GOTO(keep_full(r, logits->value, me0, &c->logits), st);
   TSR_CHECK_GOTO(keep_full(r, loss->value, me0, &c->loss), st);
   for (int i = 0; i < np; i++) TSR_CHECK_GOTO(keep_full(r, params[i]->grad, me0, &c->grads[i]), st);
