@@ -103,8 +103,7 @@ static tsr_status tp_init(const tsr_plugin_args *args, void **state) {
     free(s);
     return st;
   }
-  s->tp = mesh_size(cfg, "tp");
-  s->kv_replicated = s->tp > cfg->model.num_key_value_heads;
+  s->kv_replicated = mesh_size(cfg, "tp") > cfg->model.num_key_value_heads;
   s->sp = loads(cfg, "sp");
   *state = s;
   return TSR_OK;

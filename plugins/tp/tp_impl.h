@@ -10,7 +10,6 @@
 
 /* One job's settings, decided once from the job file. */
 typedef struct tp_state {
-  int tp;             /* size of the tp dim in [mesh] (1 when absent) */
   bool loss_parallel; /* [strategy.tp] loss_parallel */
   bool kv_replicated; /* tp > num_key_value_heads: every rank keeps every kv head's weights */
   bool sp;            /* the job also loads sp, which places the norm regions */

@@ -79,7 +79,7 @@ static void local_view(tsr_rank_t *r, const tsr_dtensor *logits, int dim, int *N
 tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
                            const void *attrs, int nout, tsr_dtensor **out, void **saved,
                            void *ctx) {
-  const tp_state *st_ = ctx;
+  const tp_state *tp = ctx;
   const tsr_dtensor *logits = in[0], *labels = in[1];
   TSR_CHECK(tp_check_other_dims("tp.cross_entropy.vocab", dim, 2, in, 2));
   tsr_placement p[TSR_MAX_MESH_DIMS];
@@ -96,7 +96,7 @@ tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   int64_t local;
   TSR_CHECK_GOTO(count_valid(r, labels, V, &local, &s->valid), st);
   const tsr_dtensor *x = logits;
-  if (!st_->loss_parallel) {
+  if (!tp->loss_parallel) {
     tsr_placement full[TSR_MAX_MESH_DIMS];
     memcpy(full, logits->placements, sizeof full);
     full[dim] = tsr_replicate();
@@ -104,7 +104,7 @@ tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
     x = s->logits;
   }
   local_view(r, x, dim, &N, &Vl, &v0);
-  if (!st_->loss_parallel) v0 = 0;
+  if (!tp->loss_parallel) v0 = 0;
   s->row_max = malloc(sizeof(float) * (size_t)(N ? N : 1));
   s->sumexp = malloc(sizeof(float) * (size_t)(2 * N + 1));
   if (!s->row_max || !s->sumexp) {
@@ -116,7 +116,7 @@ tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   const int32_t *lab = tsr_tensor_data(labels->local);
   tsr_kernel_logits_row_max(s->row_max, lg, N, Vl);
   tsr_group_t *g = NULL;
-  if (st_->loss_parallel) {
+  if (tp->loss_parallel) {
     TSR_CHECK_GOTO(tsr_mesh_group(logits->mesh, tsr_rank_comm(r), 1u << dim, &g), st);
     TSR_CHECK_GOTO(
         tsr_comm_all_reduce(g, s->row_max, s->row_max, (size_t)N, TSR_F32, TSR_REDUCE_MAX), st);
