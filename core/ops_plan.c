@@ -335,18 +335,28 @@ tsr_status tsr_op_run_rule(tsr_tape_t *t, const char *op, tsr_var *const *in, in
                            int nout, tsr_var **outs, bool *handled) {
   *handled = false;
   const tsr_mesh_t *m = mesh_of(in[0]);
-  int dim = -1;
+  int dim = -1, other = -1, composer = -1, composers = 0;
   for (int i = 0; i < tsr_mesh_ndim(m); i++) {
     if (!plan->rules[i] || !plan->rules[i]->compute) continue;
-    if (dim >= 0)
+    if (plan->rules[i]->composes) {
+      composers++;
+      composer = i;
+    }
+    if (dim < 0)
+      dim = i;
+    else
+      other = i;
+  }
+  if (dim < 0) return TSR_OK;
+  if (other >= 0) {
+    if (composers != 1)
       return TSR_ERROR(TSR_ENOTSUP,
                        "op '%s': rules '%s' (mesh dim '%s') and '%s' (mesh dim '%s') both "
                        "communicate; one of the two must hand the op to the other",
-                       op, plan->rules[dim]->name, tsr_mesh_dim_name(m, dim), plan->rules[i]->name,
-                       tsr_mesh_dim_name(m, i));
-    dim = i;
+                       op, plan->rules[dim]->name, tsr_mesh_dim_name(m, dim),
+                       plan->rules[other]->name, tsr_mesh_dim_name(m, other));
+    dim = composer;
   }
-  if (dim < 0) return TSR_OK;
   *handled = true;
   const tsr_op_rule *rule = plan->rules[dim];
   rule_saved *s = calloc(1, sizeof *s);

@@ -83,6 +83,11 @@ typedef struct tsr_op_rule {
   tsr_op_backward_fn backward;     /* mandatory with compute */
   void (*free_saved)(void *saved); /* optional: releases what compute saved; NULL for free() */
   void *ctx;                       /* passed back to compute and backward */
+  /* Set when compute itself runs the communicating rules the op finds on the other mesh dims,
+   * on the inputs it has transformed (Ulysses attention moves the sequence shard to the heads and
+   * hands the call to ring attention). An op whose plan has several compute rules runs the one
+   * that composes; with none or several that compose it is an error naming them. */
+  bool composes;
 } tsr_op_rule;
 
 /* Copies `rule` into the registry. TSR_EINVAL for a missing name or op, counts out of range, or a

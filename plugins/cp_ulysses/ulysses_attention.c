@@ -1,0 +1,292 @@
+/* Ulysses attention: q, k, v sharded along the sequence over the Ulysses dim.
+ *
+ * One all-to-all per tensor moves the Ulysses shard from the sequence to the heads, so each rank
+ * holds the whole sequence (as far as this dim is concerned) for 1/n of the heads; attention runs
+ * there, and one all-to-all moves the output back. Both moves are DTensor redistributes,
+ * Shard(1) <-> Shard(2) on this dim, and their adjoints carry the gradients back.
+ *
+ * With fewer kv heads on a rank than ranks on the dim (and the ranks a multiple of them), each kv
+ * head is repeated until there is one per rank before the move: the query heads a rank receives
+ * all read the kv head it receives. The repeats' gradients are summed back into the kv head.
+ *
+ * After the move the sequence may still be sharded on another dim that has its own attention
+ * rule (ring attention on ring_cp): the call is handed to that rule with the head-sharded inputs,
+ * which is "Ulysses inside, ring across" for either order of the two dims in the mesh.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cp_ulysses_impl.h"
+
+/* Attention computed here when no other dim communicates: whole sequence, local heads. */
+typedef struct local_attn {
+  int B, L, Hq, Hkv, D;
+  float *q, *k, *v, *out, *lse; /* (B, H, L, D), lse (B, Hq, L) */
+} local_attn;
+
+typedef struct ulysses_saved {
+  int expand;                   /* each local kv head repeated this many times before the move */
+  tsr_dtensor *q, *k, *v, *out; /* head-sharded on the dim */
+  const tsr_op_rule *inner;     /* the rule handed the call, or NULL */
+  int inner_dim;
+  void *inner_saved;
+  local_attn *local; /* when inner is NULL */
+} ulysses_saved;
+
+static void local_free(local_attn *a) {
+  if (!a) return;
+  free(a->q);
+  free(a->k);
+  free(a->v);
+  free(a->out);
+  free(a->lse);
+  free(a);
+}
+
+void ulysses_sdpa_saved_free(void *p) {
+  ulysses_saved *s = p;
+  if (!s) return;
+  tsr_dtensor_free(s->q);
+  tsr_dtensor_free(s->k);
+  tsr_dtensor_free(s->v);
+  tsr_dtensor_free(s->out);
+  if (s->inner_saved) {
+    if (s->inner->free_saved)
+      s->inner->free_saved(s->inner_saved);
+    else
+      free(s->inner_saved);
+  }
+  local_free(s->local);
+  free(s);
+}
+
+static float *fdata(const tsr_dtensor *x) {
+  return tsr_tensor_data(x->local);
+}
+
+/* x's placements with the Ulysses dim set to Shard(d). */
+static void on_dim(const tsr_dtensor *x, int dim, int d, tsr_placement *p) {
+  memcpy(p, x->placements, sizeof(tsr_placement) * TSR_MAX_MESH_DIMS);
+  p[dim] = tsr_shard(d);
+}
+
+/* k (B, L, H, D) with each head repeated e times: (B, L, H * e, D), same placements. */
+static tsr_status expand_heads(tsr_rank_t *r, const tsr_dtensor *k, int e, tsr_dtensor **out) {
+  int64_t shape[4] = {k->shape[0], k->shape[1], k->shape[2] * e, k->shape[3]};
+  TSR_CHECK(tsr_dtensor_zeros(r, k->mesh, TSR_F32, 4, shape, k->placements, out));
+  const int64_t *ls = k->local->shape;
+  int64_t rows = ls[0] * ls[1], H = ls[2], D = ls[3];
+  if ((*out)->local->shape[2] != H * e)
+    return TSR_ERROR(TSR_EINVAL,
+                     "ulysses_cp: %lld kv heads on this rank repeat to %lld, but their placement "
+                     "splits %lld repeated heads into %lld here; the other dims must split the kv "
+                     "heads evenly",
+                     (long long)H, (long long)(H * e), (long long)shape[2],
+                     (long long)(*out)->local->shape[2]);
+  const float *src = fdata(k);
+  float *dst = fdata(*out);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t h = 0; h < H; h++)
+      for (int t = 0; t < e; t++)
+        memcpy(dst + ((i * H + h) * e + t) * D, src + (i * H + h) * D, sizeof(float) * (size_t)D);
+  return TSR_OK;
+}
+
+/* The adjoint of expand_heads: sums each head's repeats into g (placed as k). */
+static tsr_status reduce_heads(tsr_rank_t *r, const tsr_dtensor *k, const tsr_dtensor *ge, int e,
+                               tsr_dtensor **out) {
+  TSR_CHECK(tsr_dtensor_zeros(r, k->mesh, TSR_F32, 4, k->shape, k->placements, out));
+  const int64_t *ls = k->local->shape;
+  int64_t rows = ls[0] * ls[1], H = ls[2], D = ls[3];
+  const float *src = fdata(ge);
+  float *dst = fdata(*out);
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t h = 0; h < H; h++)
+      for (int t = 0; t < e; t++)
+        for (int64_t d = 0; d < D; d++)
+          dst[(i * H + h) * D + d] += src[((i * H + h) * e + t) * D + d];
+  return TSR_OK;
+}
+
+/* The communicating attention rule of another mesh dim for the head-sharded inputs, if any. */
+static tsr_status find_inner(tsr_rank_t *r, int dim, ulysses_saved *s) {
+  const tsr_registry_t *reg = tsr_rank_registry(r);
+  const tsr_mesh_t *m = s->q->mesh;
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) {
+    if (i == dim || tsr_mesh_dim_size(m, i) == 1) continue;
+    tsr_placement in[3] = {s->q->placements[i], s->k->placements[i], s->v->placements[i]};
+    const tsr_op_rule *rule =
+        reg ? tsr_registry_find_op_rule(reg, "sdpa", tsr_mesh_dim_name(m, i), 3, in) : NULL;
+    if (rule && rule->compute) {
+      if (s->inner)
+        return TSR_ERROR(TSR_ENOTSUP,
+                         "ulysses_cp: after the heads all-to-all both '%s' (mesh dim '%s') and "
+                         "'%s' (mesh dim '%s') communicate; one attention rule can take the call",
+                         s->inner->name, tsr_mesh_dim_name(m, s->inner_dim), rule->name,
+                         tsr_mesh_dim_name(m, i));
+      s->inner = rule;
+      s->inner_dim = i;
+    } else if (in[0].kind == TSR_SHARD && in[0].dim == 1) {
+      return TSR_ERROR(TSR_ENOTSUP,
+                       "ulysses_cp: the sequence is also sharded on mesh dim '%s', which has no "
+                       "attention rule; load the strategy that owns '%s'",
+                       tsr_mesh_dim_name(m, i), tsr_mesh_dim_name(m, i));
+    }
+  }
+  return TSR_OK;
+}
+
+static tsr_status local_forward(tsr_rank_t *r, ulysses_saved *s, bool causal) {
+  const tsr_dtensor *q = s->q, *k = s->k, *v = s->v;
+  TSR_CHECK(tsr_dtensor_zeros(r, q->mesh, TSR_F32, 4, q->shape, q->placements, &s->out));
+  local_attn *a = calloc(1, sizeof *a);
+  if (!a) return TSR_ERROR(TSR_ENOMEM, "ulysses_cp: out of memory saving attention");
+  s->local = a;
+  a->B = (int)q->local->shape[0];
+  a->L = (int)q->local->shape[1];
+  a->Hq = (int)q->local->shape[2];
+  a->D = (int)q->local->shape[3];
+  a->Hkv = (int)k->local->shape[2];
+  size_t nq = (size_t)a->B * a->Hq * a->L * a->D, nk = (size_t)a->B * a->Hkv * a->L * a->D;
+  a->q = malloc(sizeof(float) * (nq + 1));
+  a->k = malloc(sizeof(float) * (nk + 1));
+  a->v = malloc(sizeof(float) * (nk + 1));
+  a->out = malloc(sizeof(float) * (nq + 1));
+  a->lse = malloc(sizeof(float) * ((size_t)a->B * a->Hq * a->L + 1));
+  if (!a->q || !a->k || !a->v || !a->out || !a->lse)
+    return TSR_ERROR(TSR_ENOMEM, "ulysses_cp: out of memory saving attention");
+  tsr_kernel_blhd_to_bhld(a->q, fdata(q), a->B, a->L, a->Hq, a->D);
+  tsr_kernel_blhd_to_bhld(a->k, fdata(k), a->B, a->L, a->Hkv, a->D);
+  tsr_kernel_blhd_to_bhld(a->v, fdata(v), a->B, a->L, a->Hkv, a->D);
+  TSR_CHECK(tsr_kernel_attention_forward(a->out, a->lse, a->q, a->k, a->v, NULL, NULL, a->B, a->Hq,
+                                         a->Hkv, a->L, a->L, a->D, causal));
+  tsr_kernel_bhld_to_blhd(fdata(s->out), a->out, a->B, a->L, a->Hq, a->D);
+  return TSR_OK;
+}
+
+static tsr_status local_backward(tsr_rank_t *r, const ulysses_saved *s, const tsr_dtensor *g,
+                                 bool causal, tsr_dtensor **gins) {
+  const local_attn *a = s->local;
+  const tsr_dtensor *in[3] = {s->q, s->k, s->v};
+  for (int i = 0; i < 3; i++)
+    TSR_CHECK(
+        tsr_dtensor_zeros(r, in[i]->mesh, TSR_F32, 4, in[i]->shape, in[i]->placements, &gins[i]));
+  size_t nq = (size_t)a->B * a->Hq * a->L * a->D, nk = (size_t)a->B * a->Hkv * a->L * a->D;
+  float *w = calloc(2 * nq + 2 * nk + 1, sizeof(float));
+  if (!w) return TSR_ERROR(TSR_ENOMEM, "ulysses_cp: out of memory in attention backward");
+  float *dout = w, *dq = dout + nq, *dk = dq + nq, *dv = dk + nk;
+  tsr_kernel_blhd_to_bhld(dout, fdata(g), a->B, a->L, a->Hq, a->D);
+  tsr_status st =
+      tsr_kernel_attention_backward(dq, dk, dv, dout, a->q, a->k, a->v, a->out, a->lse, NULL, NULL,
+                                    a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal);
+  if (st == TSR_OK) {
+    tsr_kernel_bhld_to_blhd(fdata(gins[0]), dq, a->B, a->L, a->Hq, a->D);
+    tsr_kernel_bhld_to_blhd(fdata(gins[1]), dk, a->B, a->L, a->Hkv, a->D);
+    tsr_kernel_bhld_to_blhd(fdata(gins[2]), dv, a->B, a->L, a->Hkv, a->D);
+  }
+  free(w);
+  return st;
+}
+
+tsr_status ulysses_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
+                                const void *attrs, int nout, tsr_dtensor **out, void **saved,
+                                void *ctx) {
+  (void)nin, (void)nout, (void)ctx;
+  const tsr_dtensor *q = in[0], *k = in[1], *v = in[2];
+  const tsr_sdpa_attrs *a = attrs;
+  if (!q->local) return tsr_dtensor_zeros(r, q->mesh, TSR_F32, 4, q->shape, q->placements, out);
+  int n = tsr_mesh_dim_size(q->mesh, dim);
+  int hq = (int)q->local->shape[2], hkv = (int)k->local->shape[2];
+  if (hq % n)
+    return TSR_ERROR(TSR_EINVAL,
+                     "ulysses_cp: %d query heads on this rank cannot be split over ulysses_cp = "
+                     "%d; the heads (after any other dim that splits them) must be a multiple of "
+                     "the Ulysses degree",
+                     hq, n);
+  if (hkv % n && n % hkv)
+    return TSR_ERROR(TSR_EINVAL,
+                     "ulysses_cp: %d kv heads on this rank over ulysses_cp = %d: the degree must "
+                     "divide them (split) or be a multiple of them (replicated)",
+                     hkv, n);
+  ulysses_saved *s = calloc(1, sizeof *s);
+  if (!s) return TSR_ERROR(TSR_ENOMEM, "ulysses_cp: out of memory saving attention");
+  *saved = s;
+  s->expand = hkv % n ? n / hkv : 1;
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  tsr_dtensor *ke = NULL, *ve = NULL;
+  tsr_status st = TSR_OK;
+  if (s->expand > 1) {
+    TSR_CHECK_GOTO(expand_heads(r, k, s->expand, &ke), st);
+    TSR_CHECK_GOTO(expand_heads(r, v, s->expand, &ve), st);
+  }
+  on_dim(q, dim, 2, p);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, q, q->mesh, p, &s->q), st);
+  on_dim(k, dim, 2, p);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, ke ? ke : k, k->mesh, p, &s->k), st);
+  on_dim(v, dim, 2, p);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, ve ? ve : v, v->mesh, p, &s->v), st);
+  TSR_CHECK_GOTO(find_inner(r, dim, s), st);
+  if (s->inner) {
+    const tsr_dtensor *ins[3] = {s->q, s->k, s->v};
+    st = s->inner->compute(r, s->inner_dim, 3, ins, attrs, 1, &s->out, &s->inner_saved,
+                           s->inner->ctx);
+    if (st != TSR_OK) {
+      tsr_error_prefix(st, "rule '%s' handed the call by ulysses_cp", s->inner->name);
+      goto cleanup;
+    }
+  } else {
+    TSR_CHECK_GOTO(local_forward(r, s, a->causal), st);
+  }
+  st = tsr_dtensor_redistribute(r, s->out, q->mesh, q->placements, out);
+cleanup:
+  tsr_dtensor_free(ke);
+  tsr_dtensor_free(ve);
+  return st;
+}
+
+tsr_status ulysses_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
+                                 const void *attrs, int nout, const tsr_dtensor *const *outs,
+                                 const tsr_dtensor *const *gouts, tsr_dtensor **gins, void *saved,
+                                 void *ctx) {
+  (void)dim, (void)nin, (void)nout, (void)outs, (void)ctx;
+  const tsr_dtensor *q = in[0], *k = in[1], *v = in[2];
+  const tsr_sdpa_attrs *a = attrs;
+  const ulysses_saved *s = saved;
+  if (!gouts[0]) return TSR_OK;
+  if (!q->local) {
+    for (int i = 0; i < 3; i++)
+      TSR_CHECK(
+          tsr_dtensor_zeros(r, in[i]->mesh, TSR_F32, 4, in[i]->shape, in[i]->placements, &gins[i]));
+    return TSR_OK;
+  }
+  tsr_dtensor *g = NULL, *g2[3] = {NULL, NULL, NULL}, *ge = NULL;
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, gouts[0], q->mesh, s->out->placements, &g), st);
+  if (s->inner) {
+    const tsr_dtensor *ins[3] = {s->q, s->k, s->v}, *o[1] = {s->out}, *go[1] = {g};
+    st = s->inner->backward(r, s->inner_dim, 3, ins, attrs, 1, o, go, g2, s->inner_saved,
+                            s->inner->ctx);
+    if (st != TSR_OK) {
+      tsr_error_prefix(st, "rule '%s' handed the call by ulysses_cp", s->inner->name);
+      goto cleanup;
+    }
+  } else {
+    TSR_CHECK_GOTO(local_backward(r, s, g, a->causal, g2), st);
+  }
+  const tsr_dtensor *orig[3] = {q, k, v};
+  for (int i = 0; i < 3 && st == TSR_OK; i++) {
+    if (!g2[i]) continue;
+    if (i == 0 || s->expand == 1) {
+      st = tsr_dtensor_redistribute(r, g2[i], q->mesh, orig[i]->placements, &gins[i]);
+    } else {
+      st = tsr_dtensor_redistribute(r, g2[i], q->mesh, orig[i]->placements, &ge);
+      if (st == TSR_OK) st = reduce_heads(r, orig[i], ge, s->expand, &gins[i]);
+      tsr_dtensor_free(ge);
+      ge = NULL;
+    }
+  }
+cleanup:
+  tsr_dtensor_free(g);
+  for (int i = 0; i < 3; i++) tsr_dtensor_free(g2[i]);
+  return st;
+}

@@ -1,0 +1,321 @@
+/* Context parallelism: the cp_ring and cp_ulysses plugins, loaded through the loader, against
+ * the 1-rank run of the same Llama step (logits, loss, every gradient and every parameter after
+ * one AdamW step, rtol/atol 1e-4): ring attention over 2 and 4 ranks with both load balancers,
+ * Ulysses over 2 and 4 (kv heads replicated when there are fewer than ranks), both at once in
+ * either mesh order, each beside tp (the tp plugin) and dp (no plugin: its rules are the core's).
+ * Also the bytes one attention moves on each cp dim against the formula, and the errors for
+ * heads and sequence lengths the mesh cannot split. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "llama.h"
+#include "tessera/ops.h"
+#include "tessera/optim.h"
+#include "tessera/plugin.h"
+
+#define MAX_PARAMS 32
+#define MAX_DIMS   4
+
+typedef struct step_result {
+  tsr_tensor *logits, *loss;
+  int nparams;
+  tsr_tensor *grads[MAX_PARAMS], *after[MAX_PARAMS];
+} step_result;
+
+typedef struct cp_case {
+  int ndim, shape[MAX_DIMS];
+  const char *names[MAX_DIMS];
+  const char *balance; /* cp_ring's load_balance; NULL: none */
+  int heads, kv_heads; /* 0: 4 and 2 */
+  int batch, seq;
+  int job_seq; /* seq_len the job file declares (0: seq), to reach the rule-time checks */
+  const tsr_registry_t *reg;
+  step_result res; /* filled by rank 0 */
+  tsr_status st0;
+  char msg0[1024];
+} cp_case;
+
+static tsr_llama_config model_cfg(const cp_case *c) {
+  tsr_llama_config m = {.vocab_size = 19,
+                        .hidden_size = 16,
+                        .intermediate_size = 20,
+                        .num_hidden_layers = 2,
+                        .num_attention_heads = c->heads ? c->heads : 4,
+                        .num_key_value_heads = c->kv_heads ? c->kv_heads : 2,
+                        .rms_norm_eps = 1e-5f,
+                        .rope_theta = 10000.0f};
+  return m;
+}
+
+static const char *plugin_of(const char *dim) {
+  if (!strcmp(dim, "ring_cp")) return "cp_ring";
+  if (!strcmp(dim, "ulysses_cp") || !strcmp(dim, "ulysess_cp")) return "cp_ulysses";
+  if (!strcmp(dim, "tp")) return "tp";
+  return NULL; /* dp: the core's generic rules, no owner needed in the job */
+}
+
+/* The job file the plugins see: the case's mesh without dp, the model and the data shape. */
+static void job_text(const cp_case *c, char *buf, size_t len) {
+  char dims[128] = "", shape[64] = "", load[128] = "";
+  for (int i = 0; i < c->ndim; i++) {
+    const char *p = plugin_of(c->names[i]);
+    if (!p) continue;
+    snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%s", *dims ? ", " : "",
+             c->names[i]);
+    snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%d", *shape ? ", " : "",
+             c->shape[i]);
+    snprintf(load + strlen(load), sizeof load - strlen(load), "%s%s", *load ? ", " : "", p);
+  }
+  tsr_llama_config m = model_cfg(c);
+  snprintf(buf, len,
+           "[mesh]\ndims = %s\nshape = %s\n[plugins]\nload = %s\n%s%s%s"
+           "[model]\nvocab_size = %d\nhidden_size = %d\nintermediate_size = %d\n"
+           "num_hidden_layers = %d\nnum_attention_heads = %d\nnum_key_value_heads = %d\n"
+           "[data]\nbatch_size = %d\nseq_len = %d\n",
+           dims, shape, load, strstr(load, "cp_ring") ? "[strategy.cp_ring]\nload_balance = " : "",
+           strstr(load, "cp_ring") ? (c->balance ? c->balance : "none") : "",
+           strstr(load, "cp_ring") ? "\n" : "", m.vocab_size, m.hidden_size, m.intermediate_size,
+           m.num_hidden_layers, m.num_attention_heads, m.num_key_value_heads, c->batch,
+           c->job_seq ? c->job_seq : c->seq);
+}
+
+/* Loads the case's plugins into a new registry; the status of the load, its message in msg. */
+static tsr_status load_plugins(const cp_case *c, tsr_registry_t **reg, tsr_plugin_set_t **set,
+                               char *msg, size_t len) {
+  char text[2048];
+  job_text(c, text, sizeof text);
+  tsr_config *cfg = NULL;
+  if (tsr_config_parse_string(text, "cp.ini", &cfg) != TSR_OK)
+    fail_msg("job does not parse: %s\n%s", tsr_last_error(), text);
+  assert_int_equal(tsr_registry_new(reg), TSR_OK);
+  tsr_status st = tsr_plugin_set_load(cfg, *reg, set);
+  snprintf(msg, len, "%s", st ? tsr_last_error() : "");
+  tsr_config_free(cfg);
+  return st;
+}
+
+static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int V, int B, int L, bool labels,
+                            tsr_var **out) {
+  int64_t shape[2] = {B, L};
+  tsr_tensor *t;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
+  int32_t *p = tsr_tensor_data(t);
+  for (int i = 0; i < B * L; i++)
+    p[i] = labels && (i % 7 == 3 || i >= B * L - 3) ? -100 : (i * 5 + (labels ? 1 : 0) + i / 3) % V;
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
+  tsr_dtensor *d;
+  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
+  tsr_tensor_free(t);
+  TSR_CHECK(st);
+  return tsr_var_new_leaf(d, false, NULL, out);
+}
+
+/* A copy that outlives the rank (not from its allocator). */
+static tsr_status keep_full(tsr_rank_t *r, const tsr_dtensor *x, bool me0, tsr_tensor **slot) {
+  tsr_tensor *full = NULL, *c = NULL;
+  TSR_CHECK(tsr_dtensor_full_tensor(r, x, &full));
+  tsr_status st = me0 ? tsr_tensor_cast(full, full->dtype, &c) : TSR_OK;
+  tsr_tensor_free(full);
+  if (me0) *slot = c;
+  return st;
+}
+
+static tsr_status run_step(tsr_comm_t *comm, void *arg) {
+  cp_case *c = arg;
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_llama_t *model = NULL;
+  tsr_tape_t *t = NULL;
+  tsr_adamw_t *opt = NULL;
+  tsr_var *ids = NULL, *labels = NULL, *logits, *loss, *params[MAX_PARAMS];
+  bool me0 = tsr_comm_rank(comm) == 0;
+  tsr_status st = TSR_OK;
+  tsr_llama_config mc = model_cfg(c);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), c->ndim, c->shape, c->names, &m), st);
+  TSR_CHECK_GOTO(tsr_llama_new(r, m, &mc, 7, &model), st);
+  TSR_CHECK_GOTO(batch_var(r, m, mc.vocab_size, c->batch, c->seq, false, &ids), st);
+  TSR_CHECK_GOTO(batch_var(r, m, mc.vocab_size, c->batch, c->seq, true, &labels), st);
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  st = tsr_llama_forward(model, t, ids, labels, &logits, &loss);
+  if (st == TSR_OK) st = tsr_tape_backward(t, loss);
+  if (me0) {
+    c->st0 = st;
+    snprintf(c->msg0, sizeof c->msg0, "%s", st ? tsr_last_error() : "");
+  }
+  if (st != TSR_OK) {
+    st = TSR_OK; /* an expected failure is inspected by the test */
+    goto cleanup;
+  }
+  TSR_CHECK_GOTO(keep_full(r, logits->value, me0, &c->res.logits), st);
+  TSR_CHECK_GOTO(keep_full(r, loss->value, me0, &c->res.loss), st);
+  int n = tsr_llama_param_count(model);
+  c->res.nparams = n;
+  for (int i = 0; i < n; i++) {
+    params[i] = tsr_llama_param(model, i);
+    TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
+    TSR_CHECK_GOTO(keep_full(r, params[i]->grad, me0, &c->res.grads[i]), st);
+  }
+  tsr_adamw_config oc = {0.9, 0.95, 1e-8, 0.1};
+  TSR_CHECK_GOTO(tsr_adamw_new(r, n, params, &oc, &opt), st);
+  TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-2), st);
+  for (int i = 0; i < n; i++)
+    TSR_CHECK_GOTO(keep_full(r, params[i]->value, me0, &c->res.after[i]), st);
+cleanup:
+  tsr_adamw_free(opt);
+  tsr_tape_free(t);
+  tsr_var_free(ids);
+  tsr_var_free(labels);
+  tsr_llama_free(model);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static void result_free(step_result *s) {
+  tsr_tensor_free(s->logits);
+  tsr_tensor_free(s->loss);
+  for (int i = 0; i < s->nparams; i++) {
+    tsr_tensor_free(s->grads[i]);
+    tsr_tensor_free(s->after[i]);
+  }
+}
+
+static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what, int k) {
+  assert_non_null(a);
+  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
+  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
+  for (int64_t i = 0; i < tsr_tensor_numel(a); i++)
+    if (!(fabsf(x[i] - y[i]) <= 1e-4f + 1e-4f * fabsf(y[i])))
+      fail_msg("%s %d [%lld]: %.8g on the mesh, %.8g on one rank", what, k, (long long)i, x[i],
+               y[i]);
+}
+
+static int world_of(const cp_case *c) {
+  int w = 1;
+  for (int i = 0; i < c->ndim; i++) w *= c->shape[i];
+  return w;
+}
+
+/* Runs the case on its mesh with its plugins and on one rank without; compares everything. */
+static void compare_with_one_rank(cp_case *c) {
+  tsr_registry_t *reg = NULL;
+  tsr_plugin_set_t *set = NULL;
+  char msg[1024];
+  if (load_plugins(c, &reg, &set, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
+  cp_case one = *c;
+  one.ndim = 1;
+  one.shape[0] = 1;
+  one.names[0] = "dp";
+  one.reg = NULL;
+  c->reg = reg;
+  if (tsr_local_launch(1, 60.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
+  if (tsr_local_launch(world_of(c), 60.0, run_step, c) != TSR_OK) fail_msg("%s", tsr_last_error());
+  if (c->st0 != TSR_OK) fail_msg("%s", c->msg0);
+  assert_int_equal(c->res.nparams, one.res.nparams);
+  expect_close(c->res.logits, one.res.logits, "logits", 0);
+  expect_close(c->res.loss, one.res.loss, "loss", 0);
+  for (int i = 0; i < one.res.nparams; i++) {
+    expect_close(c->res.grads[i], one.res.grads[i], "grad", i);
+    expect_close(c->res.after[i], one.res.after[i], "after", i);
+  }
+  result_free(&one.res);
+  result_free(&c->res);
+  tsr_plugin_set_free(set);
+  tsr_registry_free(reg);
+}
+
+#define CASE(...)                                                                                  \
+  (cp_case) {                                                                                      \
+    .batch = 2, .seq = 8, __VA_ARGS__                                                              \
+  }
+
+static void test_ring2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {2}, .names = {"ring_cp"}));
+}
+static void test_ring2_zigzag(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .balance = "zigzag"));
+}
+static void test_ring4(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {4}, .names = {"ring_cp"}));
+}
+static void test_ring4_zigzag(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {4}, .names = {"ring_cp"}, .balance = "zigzag"));
+}
+static void test_ulysses2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {2}, .names = {"ulysses_cp"}));
+}
+static void test_ulysses4_replicated_kv(void **s) {
+  /* 2 kv heads over 4 ranks: each kv head is repeated for the two ranks whose queries read it */
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {4}, .names = {"ulysses_cp"}));
+}
+static void test_ulysses2_seed_spelling(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 1, .shape = {2}, .names = {"ulysess_cp"}));
+}
+static void test_ring2_ulysses2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 2, .shape = {2, 2}, .names = {"ring_cp", "ulysses_cp"}));
+}
+static void test_ulysses2_ring2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 2, .shape = {2, 2}, .names = {"ulysses_cp", "ring_cp"}));
+}
+static void test_ring2_ulysses2_zigzag(void **s) {
+  compare_with_one_rank(
+      &CASE(.ndim = 2, .shape = {2, 2}, .names = {"ring_cp", "ulysses_cp"}, .balance = "zigzag"));
+}
+static void test_dp2_ring2_zigzag(void **s) {
+  compare_with_one_rank(
+      &CASE(.ndim = 2, .shape = {2, 2}, .names = {"dp", "ring_cp"}, .balance = "zigzag"));
+}
+static void test_tp2_ring2_zigzag(void **s) {
+  compare_with_one_rank(
+      &CASE(.ndim = 2, .shape = {2, 2}, .names = {"tp", "ring_cp"}, .balance = "zigzag"));
+}
+static void test_ring2_tp2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 2, .shape = {2, 2}, .names = {"ring_cp", "tp"}));
+}
+static void test_dp2_ulysses2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 2, .shape = {2, 2}, .names = {"dp", "ulysses_cp"}));
+}
+static void test_tp2_ulysses2(void **s) {
+  /* one kv head per tp rank, replicated over the two Ulysses ranks */
+  compare_with_one_rank(&CASE(.ndim = 2, .shape = {2, 2}, .names = {"tp", "ulysses_cp"}));
+}
+static void test_dp2_ring2_ulysses2(void **s) {
+  compare_with_one_rank(&CASE(.ndim = 3, .shape = {2, 2, 2},
+                              .names = {"dp", "ring_cp", "ulysses_cp"}, .balance = "zigzag"));
+}
+static void test_tp2_ulysses2_ring2(void **s) {
+  compare_with_one_rank(
+      &CASE(.ndim = 3, .shape = {2, 2, 2}, .names = {"tp", "ulysses_cp", "ring_cp"}));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_ring2),
+      cmocka_unit_test(test_ring2_zigzag),
+      cmocka_unit_test(test_ring4),
+      cmocka_unit_test(test_ring4_zigzag),
+      cmocka_unit_test(test_ulysses2),
+      cmocka_unit_test(test_ulysses4_replicated_kv),
+      cmocka_unit_test(test_ulysses2_seed_spelling),
+      cmocka_unit_test(test_ring2_ulysses2),
+      cmocka_unit_test(test_ulysses2_ring2),
+      cmocka_unit_test(test_ring2_ulysses2_zigzag),
+      cmocka_unit_test(test_dp2_ring2_zigzag),
+      cmocka_unit_test(test_tp2_ring2_zigzag),
+      cmocka_unit_test(test_ring2_tp2),
+      cmocka_unit_test(test_dp2_ulysses2),
+      cmocka_unit_test(test_tp2_ulysses2),
+      cmocka_unit_test(test_dp2_ring2_ulysses2),
+      cmocka_unit_test(test_tp2_ulysses2_ring2),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
