@@ -287,11 +287,12 @@ static tsr_status stage_actions(const pipe_ctx *p, const tsr_schedule *sched, ts
   for (int i = 0; i < got; i++) {
     tsr_pipe_action_kind kind = acts[i].kind;
     if (acts[i].microbatch < 0 || acts[i].microbatch >= p->M || acts[i].chunk != 0) {
+      int mb = acts[i].microbatch, chunk = acts[i].chunk;
       free(acts);
       return TSR_ERROR(TSR_EINVAL,
                        "pipeline schedule '%s': action %d of stage %d names microbatch "
                        "%d chunk %d (have %d microbatches, 1 chunk)",
-                       sched->name, i, p->stage, acts[i].microbatch, acts[i].chunk, p->M);
+                       sched->name, i, p->stage, mb, chunk, p->M);
     }
     bool grad =
         kind == TSR_PIPE_BACKWARD || kind == TSR_PIPE_SEND_GRAD || kind == TSR_PIPE_RECV_GRAD;
