@@ -1,0 +1,85 @@
+/* The loader of the `mpi` backend: what the `tessera` command links instead of MPI.
+ *
+ * libtessera-mpi.so is opened on first use, so that the core and the command never depend on
+ * MPI and a build without Open MPI still runs every other backend. The backend is looked up in
+ * TESSERA_MPI_BACKEND (an absolute path to the .so), then the install's lib directory, then this
+ * build tree; never the current directory.
+ *
+ * The handle is process-wide state on purpose: one process is one rank under this backend. */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tessera_mpi.h"
+
+typedef tsr_status (*launch_fn)(int world, double timeout_s, tsr_rank_fn fn, void *arg);
+typedef void (*abort_fn)(int code);
+
+static void *backend;
+static bool started;
+
+int tsr_mpi_env_rank(void) {
+  /* Open MPI, PMIx launchers, MPICH/Hydra and Slurm, in that order. */
+  static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                     "SLURM_PROCID"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *s = getenv(vars[i]);
+    char *end = NULL;
+    long r = s && *s ? strtol(s, &end, 10) : -1;
+    if (s && *s && end && *end == '\0' && r >= 0) return (int)r;
+  }
+  return -1;
+}
+
+bool tsr_mpi_loader_built(void) {
+  return TSR_MPI_BUILT;
+}
+
+bool tsr_mpi_loader_started(void) {
+  return started;
+}
+
+static tsr_status open_backend(void) {
+  if (backend) return TSR_OK;
+  if (!TSR_MPI_BUILT)
+    return TSR_ERROR(TSR_ENOTSUP,
+                     "backend 'mpi' is not built in this tessera: Open MPI was not found when it "
+                     "was configured. Install libopenmpi-dev and openmpi-bin, reconfigure with "
+                     "-DTESSERA_MPI=ON and rebuild, or use backend = local");
+  const char *env = getenv("TESSERA_MPI_BACKEND");
+  const char *paths[] = {env && env[0] == '/' ? env : NULL, TSR_MPI_INSTALL_LIB, TSR_MPI_BUILD_LIB};
+  char tried[2048] = "";
+  size_t pos = 0;
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    if (!paths[i]) continue;
+    /* RTLD_GLOBAL: Open MPI opens its own components with dlopen, and they resolve MPI's
+     * symbols through the global scope. */
+    backend = dlopen(paths[i], RTLD_NOW | RTLD_GLOBAL);
+    if (backend) return TSR_OK;
+    const char *why = dlerror();
+    int w = snprintf(tried + pos, sizeof tried - pos, "\n  %s: %s", paths[i], why ? why : "?");
+    if (w > 0) pos = pos + (size_t)w < sizeof tried ? pos + (size_t)w : sizeof tried - 1;
+  }
+  return TSR_ERROR(TSR_ENOTSUP,
+                   "backend 'mpi': cannot open libtessera-mpi.so; set TESSERA_MPI_BACKEND to its "
+                   "absolute path. Tried:%s",
+                   tried);
+}
+
+tsr_status tsr_mpi_loader_launch(int world, double timeout_s, tsr_rank_fn fn, void *arg) {
+  TSR_CHECK(open_backend());
+  launch_fn launch = (launch_fn)(uintptr_t)dlsym(backend, "tsr_mpi_launch");
+  if (!launch)
+    return TSR_ERROR(TSR_ENOTSUP, "backend 'mpi': libtessera-mpi.so lacks tsr_mpi_launch; it is "
+                                  "from another build of tessera");
+  started = true;
+  return launch(world, timeout_s, fn, arg);
+}
+
+void tsr_mpi_loader_abort(int code) {
+  if (!backend || !started) return;
+  abort_fn end = (abort_fn)(uintptr_t)dlsym(backend, "tsr_mpi_abort");
+  if (end) end(code);
+}

@@ -1,0 +1,1 @@
+# End-to-end tests of `tessera run` under the mpi backend (filled in below).
