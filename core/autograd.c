@@ -1,8 +1,10 @@
 /* The per-rank tape. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tessera/autograd.h"
+#include "tessera/registry.h"
 
 #define TAPE_MAX_IO 8 /* inputs or outputs of one node */
 
@@ -15,7 +17,13 @@ typedef struct tape_node {
   tsr_backward_fn backward;
   void *saved;
   void (*free_saved)(void *);
+  tsr_var *remat[TAPE_MAX_IO]; /* input j transient: the var its value is rebuilt from */
 } tape_node;
+
+/* A transient var not yet read by a recorded node (tsr_tape_set_transient). */
+typedef struct transient {
+  tsr_var *v, *src;
+} transient;
 
 struct tsr_tape_t {
   tsr_rank_t *r;
@@ -24,6 +32,8 @@ struct tsr_tape_t {
   int nnodes, node_cap;
   tsr_var **vars; /* (nvars) every var the tape made */
   int nvars, var_cap;
+  transient *pending; /* (npending) */
+  int npending, pending_cap;
 };
 
 tsr_status tsr_tape_new(tsr_rank_t *r, tsr_tape_t **out) {
@@ -47,6 +57,7 @@ void tsr_tape_reset(tsr_tape_t *t) {
   for (int i = 0; i < t->nvars; i++) tsr_var_free(t->vars[i]);
   t->nnodes = 0;
   t->nvars = 0;
+  t->npending = 0;
 }
 
 void tsr_tape_free(tsr_tape_t *t) {
@@ -54,6 +65,7 @@ void tsr_tape_free(tsr_tape_t *t) {
   tsr_tape_reset(t);
   free(t->nodes);
   free(t->vars);
+  free(t->pending);
   free(t);
 }
 
@@ -104,9 +116,55 @@ tsr_status tsr_tape_new_var(tsr_tape_t *t, tsr_dtensor *value, tsr_var **out) {
   return TSR_OK;
 }
 
+tsr_status tsr_tape_set_transient(tsr_tape_t *t, tsr_var *v, tsr_var *src) {
+  if (t->npending == t->pending_cap) {
+    int cap = t->pending_cap ? 2 * t->pending_cap : 8;
+    transient *p = realloc(t->pending, sizeof *p * (size_t)cap);
+    if (!p) return TSR_ERROR(TSR_ENOMEM, "out of memory growing the tape");
+    t->pending = p;
+    t->pending_cap = cap;
+  }
+  t->pending[t->npending++] = (transient){v, src};
+  return TSR_OK;
+}
+
+static void drop_local(tsr_var *v) {
+  tsr_tensor_free(v->value->local);
+  v->value->local = NULL;
+}
+
+/* Rebuilds a transient input's local tensor from its source for the node's backward. */
+static tsr_status rebuild_local(tsr_tape_t *t, tsr_var *v, const tsr_var *src) {
+  tsr_dtensor *d = NULL;
+  TSR_CHECK(tsr_dtensor_redistribute(t->r, src->value, v->value->mesh, v->value->placements, &d));
+  v->value->local = d->local;
+  d->local = NULL;
+  tsr_dtensor_free(d);
+  return TSR_OK;
+}
+
+/* Takes the transient inputs of a node being recorded off the pending list: srcs[j] is the source
+ * of input j, NULL for an ordinary input. */
+static void claim_transients(tsr_tape_t *t, tsr_var *const *inputs, int ninputs, tsr_var **srcs) {
+  for (int j = 0; j < ninputs; j++) {
+    srcs[j] = NULL;
+    for (int k = 0; k < t->npending; k++) {
+      if (t->pending[k].v != inputs[j]) continue;
+      srcs[j] = t->pending[k].src;
+      t->pending[k] = t->pending[--t->npending];
+      break;
+    }
+  }
+}
+
 tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
                            tsr_var *const *outputs, int noutputs, tsr_backward_fn backward,
                            void *saved, void (*free_saved)(void *)) {
+  tsr_var *srcs[TAPE_MAX_IO] = {0};
+  if (t->npending && ninputs <= TAPE_MAX_IO) claim_transients(t, inputs, ninputs, srcs);
+  /* the op's forward has run: a transient input is not needed again before backward */
+  for (int j = 0; j < ninputs && j < TAPE_MAX_IO; j++)
+    if (srcs[j]) drop_local(inputs[j]);
   bool needed = false;
   for (int i = 0; i < ninputs; i++) needed = needed || inputs[i]->requires_grad;
   if (!t->recording || !needed) {
@@ -138,6 +196,7 @@ tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs
   n->backward = backward;
   n->saved = saved;
   n->free_saved = free_saved;
+  memcpy(n->remat, srcs, sizeof srcs);
   for (int i = 0; i < noutputs; i++) {
     outputs[i]->requires_grad = true;
     outputs[i]->node = t->nnodes;
@@ -219,6 +278,63 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
   return st;
 }
 
+/* Runs one node's backward, with its transient inputs rebuilt for the duration. */
+static tsr_status backward_node(tsr_tape_t *t, tape_node *node) {
+  tsr_status st = TSR_OK;
+  for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
+    if (node->remat[j] && !node->inputs[j]->value->local)
+      st = rebuild_local(t, node->inputs[j], node->remat[j]);
+  if (st == TSR_OK)
+    st = node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+  for (int j = 0; j < node->ninputs; j++)
+    if (node->remat[j]) drop_local(node->inputs[j]);
+  if (st != TSR_OK) return tsr_error_prefix(st, "backward of '%s'", node->op);
+  /* An intermediate's gradient is read only by the node that made it: free it now to keep
+   * backward's memory at one layer's worth. */
+  for (int k = 0; k < node->noutputs; k++) tsr_var_zero_grad(node->outputs[k]);
+  return TSR_OK;
+}
+
+/* A leaf that requires grad and the node of its first use (slot: its input position there). */
+typedef struct leaf_use {
+  tsr_var *v;
+  int node, slot;
+} leaf_use;
+
+static int by_var_then_node(const void *a, const void *b) {
+  const leaf_use *x = a, *y = b;
+  uintptr_t p = (uintptr_t)x->v, q = (uintptr_t)y->v;
+  if (p != q) return p < q ? -1 : 1;
+  return x->node != y->node ? (x->node < y->node ? -1 : 1) : x->slot - y->slot;
+}
+
+/* Latest first use first: the order backward finalises them in, the same on every rank. */
+static int by_node_desc(const void *a, const void *b) {
+  const leaf_use *x = a, *y = b;
+  if (x->node != y->node) return x->node > y->node ? -1 : 1;
+  return x->slot - y->slot;
+}
+
+static tsr_status leaf_first_uses(tsr_tape_t *t, leaf_use **out, int *n) {
+  int cap = 0, k = 0;
+  for (int i = 0; i < t->nnodes; i++) cap += t->nodes[i].ninputs;
+  leaf_use *u = malloc(sizeof *u * (size_t)(cap ? cap : 1));
+  if (!u) return TSR_ERROR(TSR_ENOMEM, "out of memory listing the tape's leaves");
+  for (int i = 0; i < t->nnodes; i++)
+    for (int j = 0; j < t->nodes[i].ninputs; j++) {
+      tsr_var *v = t->nodes[i].inputs[j];
+      if (v->node < 0 && v->requires_grad) u[k++] = (leaf_use){v, i, j};
+    }
+  qsort(u, (size_t)k, sizeof *u, by_var_then_node);
+  int m = 0;
+  for (int i = 0; i < k; i++)
+    if (m == 0 || u[m - 1].v != u[i].v) u[m++] = u[i];
+  qsort(u, (size_t)m, sizeof *u, by_node_desc);
+  *out = u;
+  *n = m;
+  return TSR_OK;
+}
+
 tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss) {
   int64_t n = 1;
   for (int d = 0; d < loss->value->ndim; d++) n *= loss->value->shape[d];
@@ -246,19 +362,33 @@ tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad
     return TSR_ERROR(TSR_EINVAL, "backward from a value that depends on no parameter");
   }
   TSR_CHECK(tsr_var_accumulate_grad(t, out, grad));
-  for (int i = t->nnodes - 1; i >= 0; i--) {
+  const tsr_registry_t *reg = tsr_rank_registry(t->r);
+  int nhooks = tsr_registry_grad_hook_count(reg), nuses = 0, next = 0;
+  leaf_use *uses = NULL;
+  if (nhooks) TSR_CHECK(leaf_first_uses(t, &uses, &nuses));
+  tsr_status st = TSR_OK;
+  for (int i = t->nnodes - 1; i >= 0 && st == TSR_OK; i--) {
     tape_node *node = &t->nodes[i];
     bool reached = false;
     for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
-    if (!reached) continue;
-    tsr_status st =
-        node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
-    if (st != TSR_OK) return tsr_error_prefix(st, "backward of '%s'", node->op);
-    /* An intermediate's gradient is read only by the node that made it: free it now to keep
-     * backward's memory at one layer's worth. */
-    for (int k = 0; k < node->noutputs; k++) tsr_var_zero_grad(node->outputs[k]);
+    if (reached) st = backward_node(t, node);
+    /* no node before i reads the leaves first used at i: their gradients are final */
+    for (; st == TSR_OK && next < nuses && uses[next].node == i; next++)
+      for (int h = 0; h < nhooks && st == TSR_OK; h++) {
+        const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+        st = hook->ready(t->r, uses[next].v, hook->ctx);
+        if (st != TSR_OK)
+          tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
+                           uses[next].v->name ? uses[next].v->name : "(unnamed)");
+      }
   }
-  return TSR_OK;
+  for (int h = 0; h < nhooks && st == TSR_OK; h++) {
+    const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+    if (hook->done && (st = hook->done(t->r, hook->ctx)) != TSR_OK)
+      tsr_error_prefix(st, "gradient hook %s at the end of backward", hook->name);
+  }
+  free(uses);
+  return st;
 }
 
 tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v) {

@@ -47,6 +47,8 @@ tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_va
   TSR_CHECK(tsr_op_check("embedding", "ids", ids, TSR_I32, 2));
   TSR_CHECK(tsr_op_check("embedding", "weight", weight, TSR_F32, 2));
   tsr_var *in[2] = {ids, weight};
+  TSR_CHECK(tsr_op_prepare_inputs(t, "embedding", in, 2));
+  ids = in[0], weight = in[1];
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "embedding", in, 2, 1, &plan));
   bool handled;
@@ -105,6 +107,8 @@ tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps,
                      weight->name ? weight->name : "", (long long)weight->value->shape[0],
                      (long long)(xv->ndim ? xv->shape[xv->ndim - 1] : 0));
   tsr_var *in[2] = {x, weight};
+  TSR_CHECK(tsr_op_prepare_inputs(t, "rmsnorm", in, 2));
+  x = in[0], weight = in[1], xv = x->value;
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "rmsnorm", in, 2, 1, &plan));
   tsr_rmsnorm_attrs attrs = {eps};
@@ -173,6 +177,8 @@ tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **o
                      weight->name ? weight->name : "", tsr_shape_str(2, wv->shape, b, sizeof b));
   }
   tsr_var *in[2] = {x, weight};
+  TSR_CHECK(tsr_op_prepare_inputs(t, "linear", in, 2));
+  x = in[0], weight = in[1], xv = x->value, wv = weight->value;
   tsr_op_placements plan;
   TSR_CHECK(tsr_op_plan(t, "linear", in, 2, 1, &plan));
   bool handled;

@@ -388,3 +388,69 @@ tsr_status tsr_op_run_rule(tsr_tape_t *t, const char *op, tsr_var *const *in, in
   }
   return tsr_tape_record(t, op, in, nin, outs, nout, rule_backward, s, rule_saved_free);
 }
+
+/* ---- inputs moved for the op (use rules) ---- */
+
+typedef struct use_saved {
+  const tsr_mesh_t *mesh;
+  tsr_placement placements[TSR_MAX_MESH_DIMS]; /* the source's */
+  uint32_t moved;                              /* mesh dims the rules moved */
+} use_saved;
+
+/* The adjoint of the move, except on the dims the rules moved: there the gradient stays a
+ * Partial sum over the dim (a gather's adjoint would reduce-scatter it at once), so that the
+ * parameter's own resolve, or a gradient hook that buckets, does the reduction. */
+static tsr_status use_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
+                               int nout, void *saved) {
+  const use_saved *s = saved;
+  tsr_placement want[TSR_MAX_MESH_DIMS];
+  tsr_op_grad_placements(s->mesh, s->placements, want);
+  for (int i = 0; i < tsr_mesh_ndim(s->mesh); i++)
+    if (s->moved & (1u << i)) want[i] = tsr_partial(TSR_REDUCE_SUM);
+  tsr_dtensor *g = NULL;
+  TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), out[0]->grad, s->mesh, want, &g));
+  return tsr_var_accumulate_grad(t, in[0], g);
+}
+
+tsr_status tsr_op_prepare_inputs(tsr_tape_t *t, const char *op, tsr_var **in, int nin) {
+  const tsr_registry_t *reg = tsr_rank_registry(tsr_tape_rank(t));
+  if (!tsr_registry_op_rule_count(reg)) return TSR_OK;
+  const tsr_mesh_t *m = mesh_of(in[0]);
+  tsr_placement want[TSR_MAX_OP_INPUTS][TSR_MAX_MESH_DIMS];
+  uint32_t moved[TSR_MAX_OP_INPUTS] = {0};
+  for (int j = 0; j < nin; j++)
+    memcpy(want[j], in[j]->value->placements, sizeof want[j]);
+  for (int i = 0; i < tsr_mesh_ndim(m); i++) {
+    if (tsr_mesh_dim_size(m, i) == 1) continue;
+    tsr_placement p[TSR_MAX_OP_INPUTS];
+    for (int j = 0; j < nin; j++) p[j] = in[j]->value->placements[i];
+    const tsr_op_rule *rule = tsr_registry_find_op_rule(reg, op, tsr_mesh_dim_name(m, i), nin, p);
+    if (!rule || !rule->use_mask) continue;
+    for (int j = 0; j < nin; j++)
+      if ((rule->use_mask & (1u << j)) && !tsr_placement_equal(p[j], rule->use[j])) {
+        want[j][i] = rule->use[j];
+        moved[j] |= 1u << i;
+      }
+  }
+  for (int j = 0; j < nin; j++) {
+    if (!moved[j]) continue;
+    tsr_var *src = in[j], *v = NULL;
+    tsr_dtensor *y = NULL;
+    TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), src->value, m, want[j], &y));
+    tsr_status st = tsr_tape_new_var(t, y, &v);
+    if (st != TSR_OK) {
+      tsr_dtensor_free(y);
+      return st;
+    }
+    v->name = src->name;
+    use_saved *s = malloc(sizeof *s);
+    if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving the inputs of '%s'", op);
+    s->mesh = m;
+    memcpy(s->placements, src->value->placements, sizeof s->placements);
+    s->moved = moved[j];
+    TSR_CHECK(tsr_tape_record(t, "use", &src, 1, &v, 1, use_backward, s, NULL));
+    TSR_CHECK(tsr_tape_set_transient(t, v, src));
+    in[j] = v;
+  }
+  return TSR_OK;
+}

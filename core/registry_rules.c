@@ -1,6 +1,6 @@
 /* Registries beyond redistribute transitions: op sharding rules, module styles, pipeline
- * schedules and optimizer hooks. They live behind tsr_registry_t.rules (see registry_impl.h),
- * made on first use so that a registry nobody adds rules to costs nothing. */
+ * schedules, optimizer hooks and gradient hooks. They live behind tsr_registry_t.rules (see
+ * registry_impl.h), made on first use so that a registry nobody adds rules to costs nothing. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,10 +9,11 @@
 #include "tessera/mesh.h"
 
 typedef struct rule_tables {
-  tsr_vec ops;    /* tsr_op_rule */
-  tsr_vec styles; /* tsr_module_style */
-  tsr_vec scheds; /* tsr_schedule */
-  tsr_vec hooks;  /* tsr_optim_hook */
+  tsr_vec ops;        /* tsr_op_rule */
+  tsr_vec styles;     /* tsr_module_style */
+  tsr_vec scheds;     /* tsr_schedule */
+  tsr_vec hooks;      /* tsr_optim_hook */
+  tsr_vec grad_hooks; /* tsr_grad_hook */
 } rule_tables;
 
 static tsr_status tables_of(tsr_registry_t *reg, rule_tables **out) {
@@ -48,6 +49,7 @@ void tsr_registry_rules_free(tsr_registry_t *reg) {
   tsr_vec_free(&t->styles);
   tsr_vec_free(&t->scheds);
   tsr_vec_free(&t->hooks);
+  tsr_vec_free(&t->grad_hooks);
   free(t);
   reg->rules = NULL;
 }
@@ -91,6 +93,12 @@ tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule
                      "op rule '%s' has a compute function but no backward; a rule "
                      "that computes must also differentiate",
                      rule->name);
+  if (rule->use_mask && (rule->compute || rule->use_mask >> rule->ninputs))
+    return TSR_ERROR(TSR_EINVAL,
+                     "op rule '%s' redistributes inputs (use_mask 0x%x) %s; a rule that moves "
+                     "inputs lets the op run as planned on the moved ones",
+                     rule->name, rule->use_mask,
+                     rule->compute ? "and has a compute function" : "beyond its inputs");
   rule_tables *t;
   TSR_CHECK(tables_of(reg, &t));
   for (int i = 0; i < t->ops.count; i++) {
@@ -251,4 +259,23 @@ tsr_status tsr_registry_run_optim_hooks(const tsr_registry_t *reg, tsr_rank_t *r
 
 int tsr_registry_optim_hook_count(const tsr_registry_t *reg) {
   return vec_count(reg, offsetof(rule_tables, hooks));
+}
+
+/* ---- Gradient hooks ---- */
+
+tsr_status tsr_registry_add_grad_hook(tsr_registry_t *reg, const tsr_grad_hook *hook) {
+  if (!hook || !hook->name || !hook->ready)
+    return TSR_ERROR(TSR_EINVAL, "gradient hook '%s' needs a name and a ready function",
+                     hook && hook->name ? hook->name : "(unnamed)");
+  rule_tables *t;
+  TSR_CHECK(tables_of(reg, &t));
+  return tsr_vec_push(&t->grad_hooks, hook, sizeof *hook);
+}
+
+int tsr_registry_grad_hook_count(const tsr_registry_t *reg) {
+  return vec_count(reg, offsetof(rule_tables, grad_hooks));
+}
+
+const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i) {
+  return vec_at(reg, offsetof(rule_tables, grad_hooks), i, sizeof(tsr_grad_hook));
 }

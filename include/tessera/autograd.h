@@ -57,6 +57,12 @@ tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss);
  * as out, any placements), as torch's out.backward(gradient). */
 tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad);
 
+/* Gradient hooks. While backward runs, the hooks of the rank's registry (tsr_grad_hook in
+ * tessera/registry.h) hear of every leaf that requires grad as soon as its gradient is final:
+ * right after the node of the leaf's first use in forward order has been differentiated, since
+ * no earlier node can add to it. This is where data parallelism starts its gradient sync while
+ * the rest of backward still runs. */
+
 /* Redistributes v's gradient to v's own mesh and placements (Partial sums resolved). A var
  * without a gradient gets a zero one. */
 tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v);
@@ -74,6 +80,12 @@ typedef tsr_status (*tsr_backward_fn)(tsr_tape_t *t, tsr_var *const *inputs, int
 tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
                            tsr_var *const *outputs, int noutputs, tsr_backward_fn backward,
                            void *saved, void (*free_saved)(void *));
+/* Marks `v`, a var this tape made from `src` by a redistribute, as held only while it is used:
+ * its local tensor is released once the next node that reads it has been recorded (that op's
+ * forward is done) and rebuilt, by redistributing src->value to v's placements again, just
+ * before that node's backward, then released again. A gathered FSDP parameter lives so: one
+ * op's worth at a time instead of the whole model's. v must be read by one node only. */
+tsr_status tsr_tape_set_transient(tsr_tape_t *t, tsr_var *v, tsr_var *src);
 /* A new var owned by the tape, holding `value` (ownership moves). */
 tsr_status tsr_tape_new_var(tsr_tape_t *t, tsr_dtensor *value, tsr_var **out);
 /* Adds `grad` (ownership moves) into v's gradient. */

@@ -32,6 +32,13 @@ typedef struct tsr_op_placements {
 tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
                        int noutputs, tsr_op_placements *plan);
 
+/* Applies the rules that want some of the op's inputs in other placements first (use_mask in
+ * tsr_op_rule, e.g. FSDP gathering a Shard(0) weight): for each mesh dim of size > 1 whose rule
+ * asks, inputs[j] is replaced by a transient var (tsr_tape_set_transient) redistributed to the
+ * wanted placements, whose backward leaves the gradient Partial(sum) on the dims it gathered.
+ * Ops that take parameters call it before tsr_op_plan and read their inputs from the array. */
+tsr_status tsr_op_prepare_inputs(tsr_tape_t *t, const char *op, tsr_var **inputs, int ninputs);
+
 /* ---- Op attributes, as a communicating rule's compute receives them ---- */
 
 typedef struct tsr_sdpa_attrs {

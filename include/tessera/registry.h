@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 
+#include "tessera/autograd.h"
 #include "tessera/dtensor.h"
 #include "tessera/rank.h"
 #include "tessera/status.h"
@@ -88,6 +89,14 @@ typedef struct tsr_op_rule {
    * hands the call to ring attention). An op whose plan has several compute rules runs the one
    * that composes; with none or several that compose it is an error naming them. */
   bool composes;
+  /* Inputs the op needs in other placements on this dim, e.g. a weight stored Shard(0) that
+   * the op reads gathered (FSDP). Bit j set: input j is redistributed on this dim to use[j] just
+   * before the op (tsr_op_prepare_inputs) and the op is planned again with the new placements,
+   * so outputs and grads above are not read. The redistributed value is held only while the op
+   * runs (tsr_tape_set_transient) and its gradient comes back Partial(sum) on this dim, left
+   * for tsr_var_resolve_grad or a gradient hook to reduce. Needs compute == NULL. */
+  uint32_t use_mask;
+  tsr_placement use[TSR_MAX_OP_INPUTS];
 } tsr_op_rule;
 
 /* Copies `rule` into the registry. TSR_EINVAL for a missing name or op, counts out of range, or a
@@ -206,6 +215,26 @@ tsr_status tsr_registry_add_optim_hook(tsr_registry_t *reg, const tsr_optim_hook
 tsr_status tsr_registry_run_optim_hooks(const tsr_registry_t *reg, tsr_rank_t *r,
                                         tsr_hook_when when, const tsr_optim_step *step);
 int tsr_registry_optim_hook_count(const tsr_registry_t *reg);
+
+/* ---- Gradient hooks ----
+ * Hooks that tsr_tape_backward runs on every rank while backward is running: `ready` for each
+ * leaf that requires grad (a parameter), as soon as no node still to run can add to its
+ * gradient (the node of its first use in forward order has been differentiated), and `done`
+ * once when backward has finished, so that work a hook buffered (a partly filled bucket) can
+ * complete. `ready` may replace leaf->grad by an equal value with other placements (resolving a
+ * Partial early: the data-parallel gradient sync) on the same mesh with the same global shape.
+ * Hooks that communicate are collective: every rank sees the leaves in the same order. */
+typedef struct tsr_grad_hook {
+  const char *name; /* for messages */
+  tsr_status (*ready)(tsr_rank_t *r, tsr_var *leaf, void *ctx);
+  tsr_status (*done)(tsr_rank_t *r, void *ctx); /* optional */
+  void *ctx;
+} tsr_grad_hook;
+
+/* Copies `hook` into the registry. TSR_EINVAL for a missing name or ready. */
+tsr_status tsr_registry_add_grad_hook(tsr_registry_t *reg, const tsr_grad_hook *hook);
+int tsr_registry_grad_hook_count(const tsr_registry_t *reg);
+const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i);
 
 #ifdef __cplusplus
 }

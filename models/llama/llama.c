@@ -332,15 +332,18 @@ const char *tsr_llama_param_name(const tsr_llama_t *m, int i) {
 /* ---- forward ---- */
 
 /* The seed's input placements: batch over dp, sequence over the context-parallel dims,
- * replicated over tp; names the mesh lacks are ignored. */
+ * replicated over tp; names the mesh lacks are ignored. TorchTitan's split of the data-parallel
+ * dim, dp_replicate x dp_shard (HSDP), shards the batch on both, nested outermost first. */
 static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh, tsr_var **out) {
-  static const char *const names[] = {"dp", "tp", "ulysses_cp", "ring_cp"};
-  const tsr_placement want[] = {tsr_shard(0), tsr_replicate(), tsr_shard(1), tsr_shard(1)};
+  static const char *const names[] = {"dp",      "dp_replicate", "dp_shard",
+                                       "tp",      "ulysses_cp",   "ring_cp"};
+  const tsr_placement want[] = {tsr_shard(0),    tsr_shard(0), tsr_shard(0),
+                                tsr_replicate(), tsr_shard(1), tsr_shard(1)};
   tsr_placement p[TSR_MAX_MESH_DIMS];
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
     int j = tsr_mesh_find_dim(x->value->mesh, tsr_mesh_dim_name(mesh, i));
     p[i] = j >= 0 ? x->value->placements[j] : tsr_replicate();
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < 6; k++)
       if (strcmp(tsr_mesh_canonical_name(names[k]), tsr_mesh_dim_name(mesh, i)) == 0)
         p[i] = want[k];
   }
