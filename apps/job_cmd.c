@@ -8,6 +8,7 @@
 #include "tessera/comm.h"
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
+#include "tessera_mpi.h"
 
 /* Beyond this many ranks the plan prints the first and last few: the pattern is the point. */
 #define PLAN_MAX_RANKS 32
@@ -26,7 +27,8 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
                  st);
   return TSR_OK;
 cleanup:
-  fprintf(stderr, "%s\n", tsr_last_error());
+  /* Under mpirun every rank reads the same job: rank 0 alone reports what is wrong with it. */
+  if (tsr_mpi_env_rank() <= 0) fprintf(stderr, "%s\n", tsr_last_error());
   tsr_app_job_close(job);
   return st;
 }

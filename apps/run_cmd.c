@@ -6,6 +6,7 @@
 
 #include "app.h"
 #include "train.h"
+#include "tessera_mpi.h"
 
 #define MAX_SETS 64
 
@@ -16,7 +17,8 @@ static const char run_usage[] =
     "backend and runs it: mode = train runs [job] steps optimizer steps, mode = forward runs\n"
     "[job] steps forward passes. Rank 0 logs one line per step (loss, lr, grad norm, tokens/s,\n"
     "FLOP/s and MFU against the sgemm peak measured at start-up, peak memory over ranks, bytes\n"
-    "sent per mesh dim). Backends built in: local (ranks are threads of this process).\n"
+    "sent per mesh dim). Backends: local (ranks are threads of this process); mpi (ranks are\n"
+    "processes: mpirun -np N tessera run JOB.ini) when built with Open MPI (docs/mpi.md).\n"
     "\n"
     "options:\n"
     "  --set SECTION.KEY=VALUE  override a job-file key (repeatable); relative paths are taken\n"
@@ -116,17 +118,23 @@ int tsr_cmd_run(int argc, char **argv) {
     code = TSR_EXIT_BAD_INPUT;
   }
   if (opts.json) opts.progress = false;
+  /* Under mpirun rank 0 writes the log; the other processes run silently. */
+  FILE *quiet = tsr_mpi_env_rank() > 0 ? fopen("/dev/null", "w") : NULL;
+  if (quiet) opts.out = quiet, opts.progress = false;
   tsr_app_job job;
   memset(&job, 0, sizeof job);
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_app_job_open(path, nset, (const char *const *)sets, &job);
     if (st != TSR_OK) code = tsr_app_exit_code(st);
   }
-  if (code == TSR_EXIT_OK && strcmp(job.cfg->job.backend, "local")) {
+  bool mpi = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "mpi");
+  if (code == TSR_EXIT_OK && strcmp(job.cfg->job.backend, "local") &&
+      !(mpi && tsr_mpi_loader_built())) {
     fprintf(stderr,
-            "%s:%d: [job] backend: backend '%s' is not built in this tessera; only 'local' is. "
+            "%s:%d: [job] backend: backend '%s' is not built in this tessera; only %s. "
             "Use backend = local (ranks as threads of one process) for now\n",
-            job.cfg->path, tsr_config_line(job.cfg, "job", "backend"), job.cfg->job.backend);
+            job.cfg->path, tsr_config_line(job.cfg, "job", "backend"), job.cfg->job.backend,
+            tsr_mpi_loader_built() ? "'local' and 'mpi' are" : "'local' is");
     code = TSR_EXIT_RUNTIME;
   }
   if (code == TSR_EXIT_OK && job.cfg->job.device == TSR_DEVICE_CUDA) {
@@ -140,11 +148,16 @@ int tsr_cmd_run(int argc, char **argv) {
     if (st != TSR_OK) {
       if (opts.progress) fputc('\n', stdout);
       fflush(stdout);
-      fprintf(stderr, "tessera run: %s\n", tsr_last_error());
+      /* Before the launch every mpi rank fails alike and rank 0 speaks for all; once running,
+       * each failing rank reports itself and ends the job, as peers may wait for it. */
+      if (!mpi || tsr_mpi_env_rank() <= 0 || tsr_mpi_loader_started())
+        fprintf(stderr, "tessera run: %s\n", tsr_last_error());
       code = tsr_app_exit_code(st);
+      if (mpi) tsr_mpi_loader_abort(code);
     }
   }
   if (job.cfg) tsr_app_job_close(&job);
   for (int i = 0; i < nset; i++) free(sets[i]);
+  if (quiet) fclose(quiet);
   return code;
 }

@@ -6,6 +6,7 @@
 
 #include "tessera/io.h"
 #include "tessera/kernels.h"
+#include "tessera_mpi.h"
 #include "train.h"
 #include "train_log.h"
 
@@ -363,5 +364,8 @@ tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
   tsr_llama_config mc = model_config(c);
   ctx.log.flops_per_token = tsr_train_flops_per_token(&mc, c->data.seq_len);
   tsr_train_log_header(&ctx.log, job, ctx.threads);
+  /* Under mpi this process is one rank of the job (docs/mpi.md). */
+  if (!strcmp(c->job.backend, "mpi"))
+    return tsr_mpi_loader_launch(world, c->job.timeout_s, run_rank, &ctx);
   return tsr_local_launch(world, c->job.timeout_s, run_rank, &ctx);
 }

@@ -71,8 +71,9 @@ typedef struct mpi_proc {
   MPI_Comm ctl; /* duplicate of MPI_COMM_WORLD for the group handshakes */
   mpi_group **groups;
   int n_groups, cap_groups;
-  uint64_t calls;  /* collectives made on every group, for fault injection */
-  int64_t kill_at; /* fault injection: die at this call (-1: never) */
+  uint64_t calls;   /* collectives made on every group, for fault injection */
+  int64_t fault_at; /* fault injection: fail at this call (-1: never) */
+  bool fault_kill;  /* die (else hang) */
 } mpi_proc;
 
 static inline mpi_group *tsr_mpi_group(const tsr_group_t *g) {

@@ -417,8 +417,14 @@ tsr_status tsr_mpi_arrive(tsr_group_t *g, const tsr_call *call) {
     return tsr_mpi_broken_error(g, tsr_call_format(call, n, what, sizeof what));
   }
 #ifdef TSR_MPI_FAULTS
-  /* Test builds only: this rank dies here, as a crashed process would (docs/mpi.md). */
-  if (p->kill_at >= 0 && (int64_t)p->calls == p->kill_at) raise(SIGKILL);
+  /* Test builds only: this rank dies or hangs here, as a crashed or stuck process would. */
+  if (p->fault_at >= 0 && (int64_t)p->calls == p->fault_at) {
+    if (p->fault_kill) raise(SIGKILL);
+    for (;;) {
+      struct timespec t = {1, 0};
+      nanosleep(&t, NULL);
+    }
+  }
 #endif
   p->calls++;
   mg->cur = *call;

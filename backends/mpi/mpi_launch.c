@@ -50,17 +50,20 @@ TSR_MPI_EXPORT tsr_status tsr_mpi_init(void) {
   return TSR_OK;
 }
 
-/* TESSERA_MPI_TEST_KILL=R:K makes rank R die at its K-th collective (test builds only). */
-static int64_t kill_at_from_env(int rank) {
+/* TESSERA_MPI_TEST_FAULT=kill:R:K makes rank R die (SIGKILL) at its K-th collective, and
+ * stall:R:K makes it stop there forever, a hung process; test builds only (docs/mpi.md). */
+static void fault_from_env(mpi_proc *p) {
+  p->fault_at = -1;
 #ifdef TSR_MPI_FAULTS
-  const char *s = getenv("TESSERA_MPI_TEST_KILL");
+  const char *s = getenv("TESSERA_MPI_TEST_FAULT");
+  char kind[16] = "";
   int r = -1;
   long long k = -1;
-  if (s && sscanf(s, "%d:%lld", &r, &k) == 2 && r == rank && k >= 0) return k;
-#else
-  (void)rank;
+  if (!s || sscanf(s, "%15[a-z]:%d:%lld", kind, &r, &k) != 3 || r != p->rank || k < 0) return;
+  if (strcmp(kind, "kill") && strcmp(kind, "stall")) return;
+  p->fault_at = k;
+  p->fault_kill = !strcmp(kind, "kill");
 #endif
-  return -1;
 }
 
 TSR_MPI_EXPORT tsr_status tsr_mpi_comm_new(double timeout_s, tsr_comm_t **out) {
@@ -74,7 +77,7 @@ TSR_MPI_EXPORT tsr_status tsr_mpi_comm_new(double timeout_s, tsr_comm_t **out) {
   p->timeout_s = timeout_s;
   MPI_Comm_rank(MPI_COMM_WORLD, &p->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &p->world);
-  p->kill_at = kill_at_from_env(p->rank);
+  fault_from_env(p);
   tsr_status st = TSR_OK;
   /* Collective over the world, once at start-up, when every process is starting anyway. */
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &p->ctl);
