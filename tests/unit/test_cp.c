@@ -34,8 +34,9 @@ typedef struct cp_case {
   const char *names[MAX_DIMS];
   const char *balance; /* cp_ring's load_balance; NULL: none */
   int heads, kv_heads; /* 0: 4 and 2 */
-  int batch, seq;
-  int job_seq; /* seq_len the job file declares (0: seq), to reach the rule-time checks */
+  int batch, seq;      /* 0: 2 and 8 */
+  /* what the job file declares instead (0: the same), to reach the rules' own checks */
+  int job_seq, job_kv_heads;
   const tsr_registry_t *reg;
   step_result res; /* filled by rank 0 */
   tsr_status st0;
@@ -44,7 +45,7 @@ typedef struct cp_case {
 
 static tsr_llama_config model_cfg(const cp_case *c) {
   tsr_llama_config m = {.vocab_size = 19,
-                        .hidden_size = 16,
+                        .hidden_size = 4 * (c->heads ? c->heads : 4), /* head dim 4 */
                         .intermediate_size = 20,
                         .num_hidden_layers = 2,
                         .num_attention_heads = c->heads ? c->heads : 4,
@@ -74,6 +75,7 @@ static void job_text(const cp_case *c, char *buf, size_t len) {
     snprintf(load + strlen(load), sizeof load - strlen(load), "%s%s", *load ? ", " : "", p);
   }
   tsr_llama_config m = model_cfg(c);
+  if (c->job_kv_heads) m.num_key_value_heads = c->job_kv_heads;
   snprintf(buf, len,
            "[mesh]\ndims = %s\nshape = %s\n[plugins]\nload = %s\n%s%s%s"
            "[model]\nvocab_size = %d\nhidden_size = %d\nintermediate_size = %d\n"
@@ -87,8 +89,10 @@ static void job_text(const cp_case *c, char *buf, size_t len) {
 }
 
 /* Loads the case's plugins into a new registry; the status of the load, its message in msg. */
-static tsr_status load_plugins(const cp_case *c, tsr_registry_t **reg, tsr_plugin_set_t **set,
-                               char *msg, size_t len) {
+static tsr_status load_plugins(cp_case *c, tsr_registry_t **reg, tsr_plugin_set_t **set, char *msg,
+                               size_t len) {
+  if (!c->batch) c->batch = 2;
+  if (!c->seq) c->seq = 8;
   char text[2048];
   job_text(c, text, sizeof text);
   tsr_config *cfg = NULL;
@@ -233,10 +237,7 @@ static void compare_with_one_rank(cp_case *c) {
   tsr_registry_free(reg);
 }
 
-#define CASE(...)                                                                                  \
-  (cp_case) {                                                                                      \
-    .batch = 2, .seq = 8, __VA_ARGS__                                                              \
-  }
+#define CASE(...) ((cp_case){__VA_ARGS__})
 
 static void test_ring2(void **s) {
   compare_with_one_rank(&CASE(.ndim = 1, .shape = {2}, .names = {"ring_cp"}));
@@ -297,6 +298,161 @@ static void test_tp2_ulysses2_ring2(void **s) {
       &CASE(.ndim = 3, .shape = {2, 2, 2}, .names = {"tp", "ulysses_cp", "ring_cp"}));
 }
 
+/* ---- errors ---- */
+
+static void load_fails(cp_case c, const char *want) {
+  tsr_registry_t *reg = NULL;
+  tsr_plugin_set_t *set = NULL;
+  char msg[1024];
+  tsr_status st = load_plugins(&c, &reg, &set, msg, sizeof msg);
+  tsr_plugin_set_free(set);
+  tsr_registry_free(reg);
+  if (st != TSR_EINVAL) fail_msg("status %s, expected EINVAL: %s", tsr_status_name(st), msg);
+  if (!strstr(msg, want)) fail_msg("message\n  %s\nlacks\n  %s", msg, want);
+}
+
+static void test_plan_errors(void **s) {
+  load_fails(CASE(.ndim = 1, .shape = {3}, .names = {"ulysses_cp"}, .seq = 6),
+             "cp.ini:11: [model] num_attention_heads: 4 attention heads cannot be split over "
+             "ulysses_cp = 3");
+  load_fails(
+      CASE(.ndim = 1, .shape = {2}, .names = {"ulysses_cp"}, .heads = 8, .kv_heads = 4, .seq = 7),
+      "[data] seq_len: 7 tokens cannot be split over ulysses_cp = 2");
+  load_fails(CASE(.ndim = 2, .shape = {2, 4}, .names = {"tp", "ulysses_cp"}, .kv_heads = 4),
+             "[model] num_attention_heads: 2 attention heads per tp rank cannot be split over "
+             "ulysses_cp = 4");
+  /* 12 query heads split 6 ways, but 4 kv heads neither divide nor are divided by 6 */
+  load_fails(
+      CASE(.ndim = 1, .shape = {6}, .names = {"ulysses_cp"}, .heads = 12, .kv_heads = 4, .seq = 12),
+      "[model] num_key_value_heads: 4 kv heads over ulysses_cp = 6: the degree must divide "
+      "them");
+  load_fails(CASE(.ndim = 1, .shape = {4}, .names = {"ring_cp"}, .seq = 6),
+             "[data] seq_len: 6 tokens cannot be split into 4 equal ring blocks (ring_cp = 4)");
+  load_fails(CASE(.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .balance = "zigzag", .seq = 6),
+             "6 tokens cannot be split into 4 equal ring blocks (ring_cp = 2, two chunks per rank "
+             "with zigzag)");
+  load_fails(
+      CASE(.ndim = 2, .shape = {2, 2}, .names = {"ulysses_cp", "ring_cp"}, .balance = "zigzag"),
+      "[mesh] dims: ulysses_cp comes before ring_cp, which load_balance = zigzag does not "
+      "support");
+  load_fails(CASE(.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .balance = "diagonal"),
+             "load_balance");
+}
+
+/* A run whose sequence the plugins were not told about still fails clearly, in the rules. */
+static void run_fails(cp_case c, const char *want) {
+  tsr_registry_t *reg = NULL;
+  tsr_plugin_set_t *set = NULL;
+  char msg[1024];
+  if (load_plugins(&c, &reg, &set, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
+  c.reg = reg;
+  if (tsr_local_launch(world_of(&c), 60.0, run_step, &c) != TSR_OK)
+    fail_msg("%s", tsr_last_error());
+  result_free(&c.res);
+  tsr_plugin_set_free(set);
+  tsr_registry_free(reg);
+  if (c.st0 == TSR_OK) fail_msg("the run succeeded; expected: %s", want);
+  if (!strstr(c.msg0, want)) fail_msg("message\n  %s\nlacks\n  %s", c.msg0, want);
+}
+
+static void test_rule_errors(void **s) {
+  run_fails(CASE(.ndim = 1, .shape = {4}, .names = {"ring_cp"}, .seq = 6, .job_seq = 8),
+            "cp_ring: ring_cp member 0 holds 2 sequence rows and member 3 holds 0");
+  run_fails(CASE(.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .balance = "zigzag", .seq = 6,
+                 .job_seq = 8),
+            "which zigzag over ring_cp = 2 cannot split into 4 equal chunks");
+  run_fails(CASE(.ndim = 1, .shape = {3}, .names = {"ulysses_cp"}, .heads = 6, .kv_heads = 2,
+                 .job_kv_heads = 3, .seq = 6, .batch = 1),
+            "ulysses_cp: 2 kv heads on this rank over ulysses_cp = 3");
+}
+
+/* ---- bytes of one attention, forward and backward ---- */
+
+typedef struct bytes_case {
+  const char *dim;
+  int n, B, L, Hq, Hkv, D;
+  uint64_t bytes; /* rank 0's, on the dim's label */
+} bytes_case;
+
+static tsr_status seq_var(tsr_rank_t *r, const tsr_mesh_t *m, const int64_t *shape, int seed,
+                          tsr_var **out) {
+  tsr_tensor *t;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_F32, 4, shape, &t));
+  float *p = tsr_tensor_data(t);
+  for (int64_t i = 0; i < tsr_tensor_numel(t); i++) p[i] = (float)((i * 37 + seed) % 17) / 17.0f;
+  tsr_placement s1[1] = {tsr_shard(1)};
+  tsr_dtensor *d = NULL;
+  tsr_status st = tsr_dtensor_distribute(r, m, t, s1, &d);
+  tsr_tensor_free(t);
+  TSR_CHECK(st);
+  return tsr_var_new_leaf(d, true, NULL, out);
+}
+
+static tsr_status run_attention(tsr_comm_t *comm, void *arg) {
+  bytes_case *c = arg;
+  const tsr_registry_t *reg = *(const tsr_registry_t *const *)((char *)arg + sizeof *c);
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_tape_t *t = NULL;
+  tsr_var *q = NULL, *k = NULL, *v = NULL, *o;
+  tsr_status st = TSR_OK;
+  int64_t qs[4] = {c->B, c->L, c->Hq, c->D}, ks[4] = {c->B, c->L, c->Hkv, c->D};
+  TSR_CHECK_GOTO(tsr_rank_new(comm, reg, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(c->n, 1, &c->n, &c->dim, &m), st);
+  TSR_CHECK_GOTO(seq_var(r, m, qs, 1, &q), st);
+  TSR_CHECK_GOTO(seq_var(r, m, ks, 2, &k), st);
+  TSR_CHECK_GOTO(seq_var(r, m, ks, 3, &v), st);
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  tsr_comm_bytes_reset(comm);
+  TSR_CHECK_GOTO(tsr_op_sdpa(t, q, k, v, true, &o), st);
+  tsr_dtensor *g = NULL;
+  TSR_CHECK_GOTO(tsr_dtensor_clone(r, o->value, &g), st);
+  TSR_CHECK_GOTO(tsr_tape_backward_with(t, o, g), st);
+  if (tsr_comm_rank(comm) == 0) c->bytes = tsr_comm_bytes(comm, c->dim);
+cleanup:
+  tsr_tape_free(t);
+  tsr_var_free(q);
+  tsr_var_free(k);
+  tsr_var_free(v);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static uint64_t attention_bytes(const char *dim, int n, int B, int L, int Hq, int Hkv, int D) {
+  struct {
+    bytes_case c;
+    const tsr_registry_t *reg;
+  } arg = {{dim, n, B, L, Hq, Hkv, D, 0}, NULL};
+  cp_case jc = CASE(.ndim = 1, .shape = {n}, .names = {dim}, .heads = Hq, .kv_heads = Hkv, .seq = L,
+                    .batch = B);
+  tsr_registry_t *reg = NULL;
+  tsr_plugin_set_t *set = NULL;
+  char msg[1024];
+  if (load_plugins(&jc, &reg, &set, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
+  arg.reg = reg;
+  if (tsr_local_launch(n, 60.0, run_attention, &arg) != TSR_OK) fail_msg("%s", tsr_last_error());
+  tsr_plugin_set_free(set);
+  tsr_registry_free(reg);
+  return arg.c.bytes;
+}
+
+static void test_attention_bytes(void **s) {
+  /* ring: K and V go n-1 steps forward; backward K, V, dK, dV go n-1 steps and dK, dV one more */
+  for (int n = 2; n <= 4; n += 2) {
+    uint64_t kv = (uint64_t)2 * (16 / n) * 3 * 4 * sizeof(float); /* one of k, v on a rank */
+    assert_int_equal(attention_bytes("ring_cp", n, 2, 16, 6, 3, 4),
+                     (uint64_t)(n - 1) * 2 * kv + (uint64_t)(n - 1) * 4 * kv + 2 * kv);
+  }
+  /* Ulysses: q, k, v and the output move once each way, as do their gradients; each all-to-all
+   * keeps 1/n of the tensor on its rank. With 2 kv heads over 4 ranks they move repeated to 4. */
+  uint64_t q = 2 * (16 / 2) * 4 * 4 * sizeof(float), k = 2 * (16 / 2) * 2 * 4 * sizeof(float);
+  assert_int_equal(attention_bytes("ulysses_cp", 2, 2, 16, 4, 2, 4), (4 * q + 4 * k) / 2);
+  q = 2 * (16 / 4) * 4 * 4 * sizeof(float);
+  k = 2 * (16 / 4) * 4 * 4 * sizeof(float);
+  assert_int_equal(attention_bytes("ulysses_cp", 4, 2, 16, 4, 2, 4), (4 * q + 4 * k) * 3 / 4);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_ring2),
@@ -316,6 +472,9 @@ int main(void) {
       cmocka_unit_test(test_tp2_ulysses2),
       cmocka_unit_test(test_dp2_ring2_ulysses2),
       cmocka_unit_test(test_tp2_ulysses2_ring2),
+      cmocka_unit_test(test_plan_errors),
+      cmocka_unit_test(test_rule_errors),
+      cmocka_unit_test(test_attention_bytes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
