@@ -162,7 +162,7 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(keep_full(r, logits->value, me0, &c->res.logits), st);
   TSR_CHECK_GOTO(keep_full(r, loss->value, me0, &c->res.loss), st);
   int n = tsr_llama_param_count(model);
-  c->res.nparams = n;
+  if (me0) c->res.nparams = n;
   for (int i = 0; i < n; i++) {
     params[i] = tsr_llama_param(model, i);
     TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
