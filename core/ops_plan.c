@@ -397,18 +397,24 @@ typedef struct use_saved {
   uint32_t moved;                              /* mesh dims the rules moved */
 } use_saved;
 
-/* The adjoint of the move, except on the dims the rules moved: there the gradient stays a
- * Partial sum over the dim (a gather's adjoint would reduce-scatter it at once), so that the
- * parameter's own resolve, or a gradient hook that buckets, does the reduction. */
+/* The adjoint of the move, with every reduction left to the parameter: on the dims the rules
+ * moved the gradient stays a Partial sum (a gather's adjoint would reduce-scatter it at once),
+ * and so does a Partial one over a dim where the source is replicated, so that the parameter's
+ * own resolve, or a gradient hook that buckets, reduces it once and in the cheapest order
+ * (HSDP: reduce-scatter over the shards first, then all-reduce only the shard). */
 static tsr_status use_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
                                int nout, void *saved) {
   const use_saved *s = saved;
+  const tsr_dtensor *g0 = out[0]->grad;
   tsr_placement want[TSR_MAX_MESH_DIMS];
   tsr_op_grad_placements(s->mesh, s->placements, want);
   for (int i = 0; i < tsr_mesh_ndim(s->mesh); i++)
-    if (s->moved & (1u << i)) want[i] = tsr_partial(TSR_REDUCE_SUM);
+    if (s->moved & (1u << i))
+      want[i] = tsr_partial(TSR_REDUCE_SUM);
+    else if (s->placements[i].kind == TSR_REPLICATE && g0->placements[i].kind == TSR_PARTIAL)
+      want[i] = g0->placements[i];
   tsr_dtensor *g = NULL;
-  TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), out[0]->grad, s->mesh, want, &g));
+  TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), g0, s->mesh, want, &g));
   return tsr_var_accumulate_grad(t, in[0], g);
 }
 
