@@ -4,7 +4,8 @@
  * gradients (before clipping) and parameters after the step, and the fifth step's loss. The
  * plugin is loaded through the loader from a job text, as `tessera run` loads it. Also: the
  * gradient sync happens inside backward (buckets), FSDP keeps 1/n of the state per rank and
- * frees the gathered weights after use, and a contradictory mesh is refused at plan time. */
+ * frees the gathered weights after use, a contradictory mesh is refused at plan time, and the
+ * tape's gradient hook reports a leaf used twice once, after its first use in forward order. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -383,6 +384,111 @@ static void test_plan_errors(void **s) {
   tsr_config_free(cfg);
 }
 
+/* ---- the tape's gradient hook on its own: when a leaf is reported ---- */
+
+typedef struct hook_log {
+  char order[5]; /* 'a' for wa, 'b' for wb, in the order reported */
+  int n, done;
+  double sum_at_ready[4];
+  double other_at_first; /* wa's gradient when wb was reported */
+  tsr_var *wa;
+} hook_log;
+
+static double grad_sum(const tsr_var *v) {
+  double s = 0;
+  if (!v->grad) return NAN;
+  const float *g = tsr_tensor_data(v->grad->local);
+  for (int64_t i = 0; i < tsr_tensor_numel(v->grad->local); i++) s += g[i];
+  return s;
+}
+
+static tsr_status log_ready(tsr_rank_t *r, tsr_var *leaf, void *ctx) {
+  hook_log *l = ctx;
+  if (l->n == 0) l->other_at_first = grad_sum(l->wa);
+  l->sum_at_ready[l->n] = grad_sum(leaf);
+  l->order[l->n++] = leaf == l->wa ? 'a' : 'b';
+  return TSR_OK;
+}
+
+static tsr_status log_done(tsr_rank_t *r, void *ctx) {
+  ((hook_log *)ctx)->done++;
+  return TSR_OK;
+}
+
+typedef struct hook_case {
+  const tsr_registry_t *reg;
+  hook_log *log;
+  double wa_final, wa_second_use_only;
+} hook_case;
+
+static tsr_status full_var(tsr_rank_t *r, const tsr_mesh_t *m, int rows, int cols, double bias,
+                           bool grad, tsr_var **out) {
+  int64_t shape[2] = {rows, cols};
+  tsr_tensor *t;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_F32, 2, shape, &t));
+  tsr_tensor_fill_arange(t, 0.25, bias);
+  tsr_placement rep[1] = {tsr_replicate()};
+  tsr_dtensor *d;
+  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
+  tsr_tensor_free(t);
+  TSR_CHECK(st);
+  return tsr_var_new_leaf(d, grad, grad ? "w" : NULL, out);
+}
+
+/* h = ((x wa^T) wb^T) wa^T: wa is first used by node 0 and again by node 2, wb by node 1. */
+static tsr_status hook_rank(tsr_comm_t *comm, void *arg) {
+  hook_case *hc = arg;
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_tape_t *t = NULL;
+  tsr_var *x = NULL, *wa = NULL, *wb = NULL, *h1, *h2, *h3;
+  tsr_status st = TSR_OK;
+  const char *name = "dp";
+  int shape[1] = {1};
+  TSR_CHECK_GOTO(tsr_rank_new(comm, hc->reg, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(1, 1, shape, &name, &m), st);
+  TSR_CHECK_GOTO(full_var(r, m, 3, 2, 0.5, false, &x), st);
+  TSR_CHECK_GOTO(full_var(r, m, 2, 2, -0.25, true, &wa), st);
+  TSR_CHECK_GOTO(full_var(r, m, 2, 2, 0.75, true, &wb), st);
+  hc->log->wa = wa;
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  TSR_CHECK_GOTO(tsr_op_linear(t, x, wa, &h1), st);
+  TSR_CHECK_GOTO(tsr_op_linear(t, h1, wb, &h2), st);
+  TSR_CHECK_GOTO(tsr_op_linear(t, h2, wa, &h3), st);
+  tsr_dtensor *seed = NULL;
+  TSR_CHECK_GOTO(tsr_dtensor_clone(r, h3->value, &seed), st);
+  TSR_CHECK_GOTO(tsr_tape_backward_with(t, h3, seed), st);
+  hc->wa_final = grad_sum(wa);
+cleanup:
+  tsr_tape_free(t);
+  tsr_var_free(x);
+  tsr_var_free(wa);
+  tsr_var_free(wb);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static void test_grad_hook_fires_when_final(void **s) {
+  tsr_registry_t *reg = NULL;
+  assert_int_equal(tsr_registry_new(&reg), TSR_OK);
+  hook_log log = {0};
+  tsr_grad_hook hook = {"test.log", log_ready, log_done, &log};
+  assert_int_equal(tsr_registry_add_grad_hook(reg, &hook), TSR_OK);
+  tsr_grad_hook bad = {"test.bad", NULL, NULL, NULL};
+  assert_int_equal(tsr_registry_add_grad_hook(reg, &bad), TSR_EINVAL);
+  hook_case hc = {.reg = reg, .log = &log};
+  if (tsr_local_launch(1, 10.0, hook_rank, &hc) != TSR_OK) fail_msg("%s", tsr_last_error());
+  /* wb first (its only use, node 1, is differentiated before node 0), then wa once, after its
+   * first use: by then both of its uses have added to it, and nothing adds after */
+  assert_string_equal(log.order, "ba");
+  assert_int_equal(log.done, 1);
+  assert_true(log.sum_at_ready[1] == hc.wa_final);
+  /* when wb was reported, wa held node 2's part only */
+  assert_true(isfinite(log.other_at_first) && log.other_at_first != hc.wa_final);
+  tsr_registry_free(reg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_dp2),
@@ -395,6 +501,7 @@ int main(void) {
       cmocka_unit_test(test_with_tp),
       cmocka_unit_test(test_fsdp_state_is_one_nth),
       cmocka_unit_test(test_plan_errors),
+      cmocka_unit_test(test_grad_hook_fires_when_final),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
