@@ -1,0 +1,1 @@
+# CUDA parts (kernels/cuda, backends/nccl): TESSERA_CUDA=AUTO|ON|OFF.
