@@ -5,6 +5,7 @@
 
 #include "app.h"
 #include "train.h"
+#include "train_mem.h"
 #include "tessera/comm.h"
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
@@ -18,6 +19,13 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_config_load(path, &job->cfg), st);
   for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
+  if (job->cfg->mesh.ndim != job->cfg->mesh.nshape) {
+    st = tsr_error(TSR_EINVAL,
+                   "--set: [mesh] dims names %d dims but shape gives %d sizes; set both, e.g. "
+                   "--set mesh.dims=dp,tp --set mesh.shape=2,2",
+                   job->cfg->mesh.ndim, job->cfg->mesh.nshape);
+    goto cleanup;
+  }
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;
@@ -86,8 +94,14 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
           tsr_registry_module_style_count(job->reg), tsr_registry_schedule_count(job->reg),
           tsr_registry_optim_hook_count(job->reg));
   tsr_train_pipe_print_plan(job, f);
-  fprintf(f, "parameters: not listed by plan yet; `tessera run` builds the model and logs the "
-             "peak bytes per rank\n");
+  tsr_train_mem *per_rank = calloc((size_t)world, sizeof *per_rank);
+  tsr_status st = per_rank ? tsr_train_mem_plan(job, per_rank)
+                           : TSR_ERROR(TSR_ENOMEM, "out of memory for %d ranks", world);
+  if (st == TSR_OK)
+    tsr_train_mem_print(f, job, per_rank, "planned");
+  else
+    fprintf(f, "state per rank: not computed: %s\n", tsr_last_error());
+  free(per_rank);
 }
 
 static const char plan_usage[] =

@@ -9,6 +9,7 @@
 #include "tessera_mpi.h"
 #include "train.h"
 #include "train_log.h"
+#include "train_mem.h"
 
 /* Shared read-only by the rank threads, except `log`, which only rank 0 touches. */
 typedef struct run_ctx {
@@ -24,7 +25,7 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static tsr_llama_config model_config(const tsr_config *c) {
+tsr_llama_config tsr_train_model_config(const tsr_config *c) {
   tsr_llama_config m = {
       .vocab_size = (int)c->model.vocab_size,
       .hidden_size = (int)c->model.hidden_size,
@@ -143,8 +144,9 @@ static tsr_status dump_params(tsr_train_rank *t, tsr_train_dump *d, const char *
   return TSR_OK;
 }
 
+/* `mem`, when not NULL, receives the state bytes while gradients and moments both exist. */
 static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t step, double lr,
-                                 tsr_train_dump *dump, double *gnorm) {
+                                 tsr_train_dump *dump, tsr_train_mem *mem, double *gnorm) {
   const tsr_config *c = t->job->cfg;
   const tsr_registry_t *reg = tsr_rank_registry(t->r);
   for (int i = 0; i < t->nparams; i++) {
@@ -170,6 +172,7 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
   TSR_CHECK(tsr_adamw_step(t->opt, lr));
   if (reg) TSR_CHECK(tsr_registry_run_optim_hooks(reg, t->r, TSR_HOOK_AFTER_STEP, &info));
   if (dump) TSR_CHECK(dump_params(t, dump, "after.", false));
+  if (mem) *mem = tsr_train_mem_measure(t);
   for (int i = 0; i < t->nparams; i++) tsr_var_zero_grad(t->params[i]);
   return TSR_OK;
 }
@@ -178,6 +181,19 @@ static int64_t max_peak(tsr_train_rank *t, tsr_group_t *all) {
   int64_t mine = (int64_t)tsr_rank_allocator(t->r)->peak_bytes, worst = mine;
   if (tsr_comm_all_reduce(all, &mine, &worst, 1, TSR_I64, TSR_REDUCE_MAX) != TSR_OK) return mine;
   return worst;
+}
+
+/* Rank 0 prints every rank's state bytes as measured after the first step. Collective. */
+static tsr_status report_mem(tsr_train_rank *t, tsr_group_t *all, const tsr_train_mem *mine,
+                             FILE *out) {
+  int world = tsr_group_size(all);
+  tsr_train_mem *every = calloc((size_t)world, sizeof *every);
+  if (!every) return TSR_ERROR(TSR_ENOMEM, "out of memory");
+  tsr_status st = tsr_train_mem_gather(all, mine, every);
+  if (st == TSR_OK && tsr_group_index(all) == 0 && !t->opts->json)
+    tsr_train_mem_print(out, t->job, every, "measured after step 1");
+  free(every);
+  return st;
 }
 
 static tsr_status open_data(tsr_train_rank *t, tsr_data_t **data) {
@@ -206,6 +222,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   tsr_tape_t *tape = NULL;
   int32_t *ids = NULL, *labels = NULL;
   tsr_train_dump dump = {0};
+  tsr_train_mem mem = {0, 0, 0};
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(open_data(t, &data), st);
   tsr_data_set_step(data, t->start_step);
@@ -232,7 +249,10 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     else
       TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss),
                      st);
-    if (train) TSR_CHECK_GOTO(optimizer_step(t, tape, step, lr, first ? &dump : NULL, &gnorm), st);
+    if (train)
+      TSR_CHECK_GOTO(optimizer_step(t, tape, step, lr, first ? &dump : NULL,
+                                    step == t->start_step + 1 ? &mem : NULL, &gnorm),
+                     st);
     if (first) {
       st = tsr_train_dump_write(t, &dump);
       tsr_train_dump_free(&dump);
@@ -244,6 +264,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     if (lead) tsr_train_log_step(&ctx->log, &s);
   }
   if (lead) tsr_train_log_end(&ctx->log);
+  if (train && end > t->start_step) TSR_CHECK_GOTO(report_mem(t, all, &mem, ctx->log.out), st);
   st = tsr_train_pipe_finish(t, all, ctx->log.out);
   TSR_CHECK_GOTO(agree(all, st), st);
   if (train) {
@@ -267,7 +288,7 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   tsr_kernel_set_threads(ctx->threads); /* the hand kernels' count is per thread */
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
-  tsr_llama_config mc = model_config(c);
+  tsr_llama_config mc = tsr_train_model_config(c);
   TSR_CHECK_GOTO(tsr_llama_new(t.r, job->mesh, &mc, (uint64_t)c->job.seed, &t.model), st);
   TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
   t.nparams = tsr_llama_param_count(t.model);
@@ -338,7 +359,7 @@ static tsr_status check_job(const tsr_config *c, const tsr_train_opts *opts) {
     return tsr_error(TSR_EINVAL,
                      "--stop-at %lld is past [job] steps = %lld; stop at or before the last step",
                      (long long)opts->stop_at, (long long)c->job.steps);
-  tsr_llama_config mc = model_config(c);
+  tsr_llama_config mc = tsr_train_model_config(c);
   tsr_status st = tsr_llama_config_check(&mc);
   if (st != TSR_OK) return tsr_error_prefix(st, "%s: [model]", c->path);
   return TSR_OK;
@@ -361,7 +382,7 @@ tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
     tsr_kernel_set_threads(ctx.threads);
   }
   ctx.log.peak_threads = used;
-  tsr_llama_config mc = model_config(c);
+  tsr_llama_config mc = tsr_train_model_config(c);
   ctx.log.flops_per_token = tsr_train_flops_per_token(&mc, c->data.seq_len);
   tsr_train_log_header(&ctx.log, job, ctx.threads);
   /* Under mpi this process is one rank of the job (docs/mpi.md). */

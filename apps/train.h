@@ -51,6 +51,9 @@ typedef struct tsr_train_rank {
   int64_t *event_steps;   /* (nevents) the optimizer step of each event */
 } tsr_train_rank;
 
+/* The model section of the job file as the model's config. */
+tsr_llama_config tsr_train_model_config(const tsr_config *c);
+
 /* `value` resolved against the job file's directory unless absolute, into buf. */
 const char *tsr_train_path(const tsr_config *cfg, const char *value, char *buf, size_t len);
 

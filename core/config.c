@@ -439,6 +439,18 @@ tsr_status tsr_config_set(tsr_config *cfg, const char *assignment) {
   tsr_status st = tsr_key_check(&e->key.spec, value);
   if (st == TSR_OK) st = tsr_schema_store(e, value, cfg);
   if (st != TSR_OK) return tsr_error_prefix(st, "--set [%s] %s", section, key);
+  if (!strcmp(section, "mesh")) {
+    /* dims and shape may be set one after the other: a count mismatch between them is only an
+     * error if it remains when every --set is applied (world = 0 until then). */
+    int64_t world = cfg->mesh.ndim == cfg->mesh.nshape ? 1 : 0;
+    for (int i = 0; world && i < cfg->mesh.nshape; i++) world *= cfg->mesh.shape[i];
+    cfg->mesh.world = world;
+    if (cfg->job.world_size != 0 && world && cfg->job.world_size != world)
+      return tsr_error(TSR_EINVAL,
+                       "--set [mesh] %s: shape product %lld differs from [job] world_size = %lld; "
+                       "also --set job.world_size=0 (or the same product)",
+                       key, (long long)world, (long long)cfg->job.world_size);
+  }
   return TSR_OK;
 }
 

@@ -1,0 +1,122 @@
+/* Per-rank training state: predicted by `tessera plan`, measured by `tessera run`. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train_mem.h"
+
+static int64_t local_bytes(const tsr_dtensor *d) {
+  return d && d->local ? (int64_t)tsr_tensor_nbytes(d->local) : 0;
+}
+
+tsr_train_mem tsr_train_mem_measure(tsr_train_rank *t) {
+  tsr_train_mem m = {0, 0, 0};
+  for (int i = 0; i < t->nparams; i++) {
+    m.params += local_bytes(t->params[i]->value);
+    m.grads += local_bytes(t->params[i]->grad);
+  }
+  for (int i = 0; i < tsr_adamw_param_count(t->opt); i++)
+    m.optim +=
+        local_bytes(tsr_adamw_exp_avg(t->opt, i)) + local_bytes(tsr_adamw_exp_avg_sq(t->opt, i));
+  return m;
+}
+
+typedef struct plan_ctx {
+  const tsr_app_job *job;
+  tsr_train_mem *per_rank;
+  pthread_mutex_t lock; /* one rank's model at a time: the plan's footprint is one rank's */
+} plan_ctx;
+
+static tsr_status plan_rank(tsr_comm_t *comm, void *arg) {
+  plan_ctx *p = arg;
+  tsr_rank_t *r = NULL;
+  tsr_llama_t *model = NULL;
+  tsr_llama_config mc = tsr_train_model_config(p->job->cfg);
+  /* Building a model is local work (each rank initialises and keeps its own shards), so ranks
+   * may take turns without a collective waiting on a rank that holds the lock. */
+  pthread_mutex_lock(&p->lock);
+  tsr_status st = tsr_rank_new(comm, p->job->reg, &r);
+  if (st == TSR_OK)
+    st = tsr_llama_new(r, p->job->mesh, &mc, (uint64_t)p->job->cfg->job.seed, &model);
+  if (st == TSR_OK) {
+    tsr_train_mem m = {0, 0, 0};
+    for (int i = 0; i < tsr_llama_param_count(model); i++)
+      m.params += local_bytes(tsr_llama_param(model, i)->value);
+    /* Gradients take their parameter's placement (the Partial sums are reduced into it, under
+     * FSDP by reduce-scatter), and AdamW keeps two moments shaped like each local shard. */
+    m.grads = m.params;
+    m.optim = 2 * m.params;
+    p->per_rank[tsr_comm_rank(comm)] = m;
+  }
+  tsr_llama_free(model);
+  tsr_rank_free(r);
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank) {
+  tsr_llama_config mc = tsr_train_model_config(job->cfg);
+  int64_t n = tsr_llama_num_params(&mc);
+  if (n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS)
+    return TSR_ERROR(TSR_ENOTSUP,
+                     "%lld parameters: plan builds each rank's model to lay it out and stops at "
+                     "%lld; `tessera run` measures the state per rank after its first step",
+                     (long long)n, (long long)TSR_TRAIN_MEM_PLAN_MAX_PARAMS);
+  plan_ctx p = {job, per_rank, PTHREAD_MUTEX_INITIALIZER};
+  return tsr_local_launch((int)job->cfg->mesh.world, job->cfg->job.timeout_s, plan_rank, &p);
+}
+
+tsr_status tsr_train_mem_gather(tsr_group_t *all, const tsr_train_mem *mine,
+                                tsr_train_mem *per_rank) {
+  int64_t v[3] = {mine->params, mine->grads, mine->optim};
+  int world = tsr_group_size(all);
+  int64_t *every = malloc((size_t)world * 3 * sizeof *every);
+  if (!every) return TSR_ERROR(TSR_ENOMEM, "out of memory gathering %d ranks' state bytes", world);
+  tsr_status st = tsr_comm_all_gather(all, v, 3, every, NULL, TSR_I64);
+  for (int r = 0; st == TSR_OK && r < world; r++)
+    per_rank[r] = (tsr_train_mem){every[3 * r], every[3 * r + 1], every[3 * r + 2]};
+  free(every);
+  return st;
+}
+
+static const char *mib(int64_t b, char *buf, size_t len) {
+  snprintf(buf, len, "%.3f MiB", (double)b / (1024.0 * 1024.0));
+  return buf;
+}
+
+static int64_t total(const tsr_train_mem *m) {
+  return m->params + m->grads + m->optim;
+}
+
+void tsr_train_mem_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *per_rank,
+                         const char *what) {
+  int world = (int)job->cfg->mesh.world;
+  tsr_llama_config mc = tsr_train_model_config(job->cfg);
+  /* One rank, f32: parameters, gradients, and AdamW's two moments. */
+  int64_t one = 4 * tsr_llama_num_params(&mc) * (int64_t)sizeof(float);
+  char a[32], b[32], c[32], d[32];
+  fprintf(f, "state per rank, %s (parameters + gradients + AdamW moments, f32; 1 rank: %s):\n",
+          what, mib(one, a, sizeof a));
+  bool *done = calloc((size_t)world, sizeof *done);
+  for (int r = 0; r < world; r++) {
+    if (done && done[r]) continue;
+    const tsr_train_mem *m = &per_rank[r];
+    /* ranks holding the same bytes share one line: the pattern over the mesh is the point */
+    fprintf(f, "  rank %d", r);
+    int shown = 0, more = 0;
+    for (int q = r + 1; done && q < world; q++) {
+      const tsr_train_mem *o = &per_rank[q];
+      if (o->params != m->params || o->grads != m->grads || o->optim != m->optim) continue;
+      done[q] = true;
+      if (shown < 15)
+        fprintf(f, ",%d", q), shown++;
+      else
+        more++;
+    }
+    if (more) fprintf(f, " (+%d more)", more);
+    fprintf(f, ": params %s  grads %s  adamw %s  total %s = %.4f of 1 rank\n",
+            mib(m->params, a, sizeof a), mib(m->grads, b, sizeof b), mib(m->optim, c, sizeof c),
+            mib(total(m), d, sizeof d), one ? (double)total(m) / (double)one : 0.0);
+  }
+  free(done);
+}

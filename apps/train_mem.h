@@ -1,0 +1,38 @@
+/* Per-rank training state: parameters, gradients and AdamW moments, as `tessera plan` predicts
+ * them (by building each rank's model) and as `tessera run` measures them (from the live
+ * tensors after the first optimizer step). Activations and communication buffers are not state:
+ * the run's per-step "peak" covers them. */
+#ifndef TESSERA_APP_TRAIN_MEM_H
+#define TESSERA_APP_TRAIN_MEM_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "train.h"
+
+/* Bytes one rank holds. */
+typedef struct tsr_train_mem {
+  int64_t params; /* local parameter shards */
+  int64_t grads;  /* local gradient shards */
+  int64_t optim;  /* AdamW exp_avg + exp_avg_sq */
+} tsr_train_mem;
+
+/* What this rank holds now (call after an optimizer step, when gradients and moments exist). */
+tsr_train_mem tsr_train_mem_measure(tsr_train_rank *t);
+
+/* Builds every rank's model, one rank at a time so only one rank's parameters exist at once, and
+ * fills per_rank[world]: parameters as built, gradients placed like their parameters, AdamW two
+ * moments each. Models above TSR_TRAIN_MEM_PLAN_MAX_PARAMS are not built (TSR_ENOTSUP). */
+#define TSR_TRAIN_MEM_PLAN_MAX_PARAMS (256LL * 1024 * 1024)
+tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank);
+
+/* Prints the table: one line per group of ranks holding the same bytes, each against the state
+ * one rank would hold for the whole model. `what` says "planned" or "measured". */
+void tsr_train_mem_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *per_rank,
+                         const char *what);
+
+/* Gathers every rank's measurement to the members of `all` (collective) into per_rank[world]. */
+tsr_status tsr_train_mem_gather(tsr_group_t *all, const tsr_train_mem *mine,
+                                tsr_train_mem *per_rank);
+
+#endif
