@@ -1,0 +1,14 @@
+# The mesh matrix: one training step under every mesh of up to 16 ranks from pp, dp, ring_cp,
+# ulysses_cp and tp of sizes 1 or 2, plus sizes 3 and 4 and FSDP / HSDP, against the 1-rank run.
+add_test(NAME e2e_mesh_matrix
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mesh_matrix.sh ${TESSERA_BIN}
+          ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/mesh_matrix)
+set_tests_properties(e2e_mesh_matrix PROPERTIES LABELS e2e TIMEOUT 900
+  PASS_REGULAR_EXPRESSION "mesh matrix: [0-9]+ passed, [0-9]+ skipped, 0 failed")
+
+# --set mesh.dims without a matching shape is refused after all overrides are applied.
+add_test(NAME e2e_set_mesh_mismatch
+  COMMAND sh -c "\"$0\" run \"$1\" --no-peak --set mesh.dims=dp,tp 2>&1; echo exit=$?"
+  ${TESSERA_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini)
+set_tests_properties(e2e_set_mesh_mismatch PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "dims names 2 dims but shape gives 5 sizes.*exit=2")
