@@ -1,9 +1,11 @@
 /* The plugin loader: finds libtessera-<name>.so, checks its descriptor in the documented order
  * and drives init / register_rules / fini. Every failure becomes one message that names the
  * plugin, the file and both ABI versions, kept in a report for `tessera plugins`. */
+#define _GNU_SOURCE /* dladdr */
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,10 +123,28 @@ static int add_dirs(const char *list, const char *base, char (*dirs)[TSR_MAX_PAT
   return n;
 }
 
+/* The install's lib/tessera: the folder beside the libtessera this process loaded, when there is
+ * one, so that an install made with `cmake --install --prefix P` (or moved) finds its own plugins
+ * rather than those of the prefix the build was configured with. */
+static bool installed_plugin_dir(char *out, size_t len) {
+  Dl_info info;
+  if (!dladdr((void *)&tsr_plugin_search_dirs, &info) || !info.dli_fname) return false;
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (!slash) return false;
+  char lib[TSR_MAX_PATH], real[PATH_MAX];
+  snprintf(lib, sizeof lib, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
+  if (!realpath(lib, real)) return false;
+  if ((size_t)snprintf(out, len, "%s/tessera", real) >= len) return false;
+  struct stat st;
+  return stat(out, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int tsr_plugin_search_dirs(const char *extra, const char *base_dir, char (*dirs)[TSR_MAX_PATH],
                            int cap) {
   int n = add_dirs(getenv("TESSERA_PLUGIN_PATH"), NULL, dirs, 0, cap);
   n = add_dirs(extra, base_dir ? base_dir : NULL, dirs, n, cap);
+  /* An installed core searches its own install only; the build tree is for a core run from it. */
+  if (n < cap && installed_plugin_dir(dirs[n], TSR_MAX_PATH)) return n + 1;
 #ifdef TESSERA_INSTALL_PLUGIN_DIR
   if (n < cap) snprintf(dirs[n++], TSR_MAX_PATH, "%s", TESSERA_INSTALL_PLUGIN_DIR);
 #endif

@@ -147,8 +147,9 @@ typedef struct tsr_plugin_report {
 
 /* The directories searched for plugins, in order: TESSERA_PLUGIN_PATH (':'-separated, absolute
  * entries only), then `extra` (the [plugins] path value, ':' or ',' separated, relative entries
- * taken from `base_dir`), then the install's lib/tessera, then the build tree's plugin directory.
- * The current directory is never searched. Writes at most `cap` entries; returns the count. */
+ * taken from `base_dir`), then the install's lib/tessera (the folder beside the libtessera that
+ * was loaded, so any install prefix works), then the build tree's plugin directory; a core loaded
+ * from an install skips the build tree. The current directory is never searched. Writes at most `cap` entries; returns the count. */
 int tsr_plugin_search_dirs(const char *extra, const char *base_dir, char (*dirs)[TSR_MAX_PATH],
                            int cap);
 
