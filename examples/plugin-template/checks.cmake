@@ -1,0 +1,62 @@
+# Checks of cp_allgather against the installed `tessera` (TESSERA_EXECUTABLE from the package).
+#
+# Each case runs cp_allgather.ini for one step with a mesh override and compares its dump with
+# the 1-rank run of the same job; `tessera compare` prints "MATCH: 0 tensors" when every tensor
+# agrees. With -DTESSERA_GOLDEN_DIR=<dir holding job.ini and expected.safetensors> (Tessera's
+# tests/data/golden/gqa), the plugin's run is also compared with that independent reference.
+set(AG_JOB ${CMAKE_CURRENT_SOURCE_DIR}/cp_allgather.ini)
+set(AG_OUT ${CMAKE_CURRENT_BINARY_DIR}/checks)
+file(MAKE_DIRECTORY ${AG_OUT})
+# The plugin comes from this build folder whatever the job's [plugins] path says.
+set(AG_ENV "TESSERA_PLUGIN_PATH=$<TARGET_FILE_DIR:tessera-cp_allgather>")
+set(AG_RUN ${TESSERA_EXECUTABLE} run ${AG_JOB} --no-peak --no-progress --set job.steps=1)
+
+add_test(NAME cp_allgather_reference
+  COMMAND ${AG_RUN} --set mesh.shape=1,1 --dump ${AG_OUT}/reference.safetensors)
+set_tests_properties(cp_allgather_reference PROPERTIES
+  ENVIRONMENT "${AG_ENV}" FIXTURES_SETUP ag_reference)
+
+# ag_case(<name> <--set overrides>...): run with the overrides, compare with the reference.
+function(ag_case name)
+  add_test(NAME cp_allgather_${name}
+    COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/${name}.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-5"
+      ${TESSERA_EXECUTABLE} ${AG_RUN} ${ARGN} --dump ${AG_OUT}/${name}.safetensors)
+  set_tests_properties(cp_allgather_${name} PROPERTIES ENVIRONMENT "${AG_ENV}"
+    FIXTURES_REQUIRED ag_reference PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+endfunction()
+
+ag_case(ring_cp4)                                                      # the job as written
+ag_case(ring_cp3_uneven --set mesh.shape=1,3)                          # 32 rows: 11, 11, 10
+ag_case(dp2_ring_cp2 --set mesh.shape=2,2 --set plugins.load=dp,cp_allgather)
+ag_case(tp2_ring_cp2 --set mesh.dims=tp,ring_cp --set mesh.shape=2,2 --set plugins.load=tp,cp_allgather)
+# Ulysses inside, all-gather across: cp_ulysses hands attention to this plugin's rule.
+ag_case(ring_cp2_ulysses_cp2 --set mesh.dims=ring_cp,ulysses_cp --set mesh.shape=2,2
+        --set plugins.load=cp_allgather,cp_ulysses)
+
+# The job with regather_backward = true (--set reaches only the core's sections).
+file(READ ${AG_JOB} _text)
+string(REPLACE "regather_backward = false" "regather_backward = true" _text "${_text}")
+file(WRITE ${AG_OUT}/regather.ini "${_text}")
+add_test(NAME cp_allgather_ring_cp4_regather
+  COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/regather.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-5"
+    ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${AG_OUT}/regather.ini --no-peak --no-progress
+    --set job.steps=1 --dump ${AG_OUT}/regather.safetensors)
+set_tests_properties(cp_allgather_ring_cp4_regather PROPERTIES ENVIRONMENT "${AG_ENV}"
+  FIXTURES_REQUIRED ag_reference PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+
+# ring_cp has one owner: loading cp_ring beside this plugin is refused before any rank starts.
+add_test(NAME cp_allgather_beside_cp_ring
+  COMMAND sh -c "\"$@\" 2>&1; echo exit=$?" ${TESSERA_EXECUTABLE} ${AG_RUN}
+    --set plugins.load=cp_allgather,cp_ring)
+set_tests_properties(cp_allgather_beside_cp_ring PROPERTIES ENVIRONMENT "${AG_ENV}"
+  PASS_REGULAR_EXPRESSION "ring_cp.*(cp_allgather.*cp_ring|cp_ring.*cp_allgather).*exit=2")
+
+if(TESSERA_GOLDEN_DIR)
+  add_test(NAME cp_allgather_golden_ring_cp4
+    COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/golden.safetensors\" \"${TESSERA_GOLDEN_DIR}/expected.safetensors\" --rtol 1e-4 --atol 1e-5"
+      ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${TESSERA_GOLDEN_DIR}/job.ini --no-peak
+      --no-progress --set mesh.dims=ring_cp --set mesh.shape=4 --set plugins.load=cp_allgather
+      --dump ${AG_OUT}/golden.safetensors)
+  set_tests_properties(cp_allgather_golden_ring_cp4 PROPERTIES ENVIRONMENT "${AG_ENV}"
+    PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+endif()
