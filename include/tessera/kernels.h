@@ -9,7 +9,8 @@
  *  - Functions that can reject their input return tsr_status and leave a message naming the
  *    offending argument and value for tsr_last_error(); the rest return void.
  *  - The caller owns all memory; no kernel allocates from the heap except
- *    tsr_kernel_sgemm_peak_gflops (its work buffers).
+ *    tsr_kernel_sgemm_peak_gflops and the attention forward/backward (small per-thread tile
+ *    buffers; TSR_ENOMEM if they cannot be had).
  *
  * Threads: GEMM runs on OpenBLAS's thread pool, which is process-wide; the hand-written kernels
  * split their outer loop over a per-calling-thread count. See tsr_kernel_set_threads.
@@ -210,7 +211,8 @@ void tsr_kernel_cross_entropy_shard_backward(float *dlogits /* (N, Vl) */,
  * ------------------------------------------------------------------------------------------- */
 
 /* out = softmax(q kᵀ / sqrt(D) + mask) v and lse = log Σ_j exp(score_j) (natural log), per query
- * row. head_dim may be 1 to 512. Returns TSR_EINVAL for bad head counts or sizes. */
+ * row. head_dim may be 1 to 512. Returns TSR_EINVAL for bad head counts or sizes, TSR_ENOMEM when
+ * the tile buffers cannot be allocated. */
 tsr_status tsr_kernel_attention_forward(float *out /* (B, Hq, Lq, D) */,
                                         float *lse /* (B, Hq, Lq) */,
                                         const float *q /* (B, Hq, Lq, D) */,

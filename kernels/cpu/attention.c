@@ -1,16 +1,22 @@
-/* Causal attention with grouped-query heads, computed one key block at a time with an online
- * softmax, and the merge of partial results by their log-sum-exp (ring attention's combine). */
+/* Causal attention with grouped-query heads, computed one (query block, key block) tile at a time
+ * with an online softmax, and the merge of partial results by their log-sum-exp (ring attention's
+ * combine). The tiles' products (scores, P·V and the four backward products) are CBLAS GEMMs. */
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 #include "tessera/kernels.h"
 
-/* Keys per block: the scores of one block live on the stack and are rescaled once per block
- * rather than once per key. */
+/* Keys per tile. The online softmax rescales its accumulators once per key tile. */
 #define TSR_ATTN_BLOCK 64
-/* Largest head_dim the kernels accept; the per-row accumulator is a stack array of this size. */
+/* Largest head_dim the kernels accept. */
 #define TSR_ATTN_MAX_D 512
+/* Tiles keep q_block · TSR_ATTN_BLOCK · D at or below this many multiply-adds, which is where
+ * OpenBLAS runs a GEMM on the calling thread alone: the kernel's own threads then each run their
+ * tiles' GEMMs concurrently instead of queueing for OpenBLAS's shared pool. */
+#define TSR_ATTN_TILE_MACS (1 << 18)
 
 typedef struct attn_args {
   float *out, *lse;         /* forward outputs */
@@ -20,22 +26,14 @@ typedef struct attn_args {
   const float *flse;        /* backward: forward lse */
   const int32_t *q_pos, *k_pos;
   int Hq, Hkv, Lq, Lk, D;
+  int bq; /* query rows per tile */
   bool causal;
   float scale;
+  atomic_int nomem; /* a thread could not get its work buffers */
 } attn_args;
 
 static inline int32_t pos_at(const int32_t *pos, int i) {
   return pos != NULL ? pos[i] : i;
-}
-
-static inline bool visible(const attn_args *a, int32_t qp, int j) {
-  return !a->causal || pos_at(a->k_pos, j) <= qp;
-}
-
-static inline float dot(const float *x, const float *y, int D) {
-  float s = 0.0f;
-  for (int d = 0; d < D; d++) s += x[d] * y[d];
-  return s;
 }
 
 static tsr_status check_shapes(const char *what, int B, int Hq, int Hkv, int Lq, int Lk, int D) {
@@ -53,6 +51,11 @@ static tsr_status check_shapes(const char *what, int B, int Hq, int Hkv, int Lq,
   return TSR_OK;
 }
 
+static int query_block(int D) {
+  int bq = TSR_ATTN_TILE_MACS / (TSR_ATTN_BLOCK * D);
+  return bq > TSR_ATTN_BLOCK ? TSR_ATTN_BLOCK : bq;
+}
+
 /* Work units are big enough that starting a thread is worth it (~1e5 multiply-adds). */
 static int64_t min_units(int Lq, int Lk, int D) {
   int64_t per = (int64_t)Lq * Lk * D + 1;
@@ -60,69 +63,124 @@ static int64_t min_units(int Lq, int Lk, int D) {
   return m > 1 ? m : 1;
 }
 
-/* ---------------------------------------------------------------------------------------------
- * Forward: one unit is one (batch, query head).
- * ------------------------------------------------------------------------------------------- */
+/* How the causal mask meets a tile: every pair visible, none, or some (checked per pair). */
+typedef enum tile_mask { TILE_ALL, TILE_NONE, TILE_SOME } tile_mask;
 
-static void forward_row(const attn_args *a, const float *qi, int32_t qp, const float *kh,
-                        const float *vh, float *oi, float *lse_i) {
-  int D = a->D;
-  float acc[TSR_ATTN_MAX_D];
-  float s[TSR_ATTN_BLOCK];
-  memset(acc, 0, (size_t)D * sizeof(float));
-  float m = -INFINITY; /* running max of the scores seen so far */
-  float l = 0.0f;      /* running Σ exp(score − m) */
-  for (int j0 = 0; j0 < a->Lk; j0 += TSR_ATTN_BLOCK) {
-    int n = a->Lk - j0 < TSR_ATTN_BLOCK ? a->Lk - j0 : TSR_ATTN_BLOCK;
-    float bm = -INFINITY;
-    for (int j = 0; j < n; j++) {
-      if (visible(a, qp, j0 + j)) {
-        s[j] = a->scale * dot(qi, kh + (int64_t)(j0 + j) * D, D);
-        bm = s[j] > bm ? s[j] : bm;
-      } else {
-        s[j] = -INFINITY;
-      }
-    }
-    if (bm == -INFINITY) continue; /* a fully masked block changes nothing */
-    float m_new = m > bm ? m : bm;
-    /* m == -inf before the first visible block: expf(-inf) = 0 and acc, l are still 0. */
-    float corr = expf(m - m_new);
-    l *= corr;
-    for (int d = 0; d < D; d++) acc[d] *= corr;
-    for (int j = 0; j < n; j++) {
-      if (s[j] == -INFINITY) continue;
-      float p = expf(s[j] - m_new);
-      l += p;
-      const float *vj = vh + (int64_t)(j0 + j) * D;
-      for (int d = 0; d < D; d++) acc[d] += p * vj[d];
-    }
-    m = m_new;
+typedef struct span {
+  int32_t lo, hi; /* smallest and largest position in a block */
+} span;
+
+static span span_of(const int32_t *pos, int i0, int n) {
+  span s = {pos_at(pos, i0), pos_at(pos, i0)};
+  for (int i = 1; i < n; i++) {
+    int32_t p = pos_at(pos, i0 + i);
+    s.lo = p < s.lo ? p : s.lo;
+    s.hi = p > s.hi ? p : s.hi;
   }
-  if (l == 0.0f) {
-    memset(oi, 0, (size_t)D * sizeof(float));
-    *lse_i = -INFINITY;
-    return;
-  }
-  float inv = 1.0f / l;
-  for (int d = 0; d < D; d++) oi[d] = acc[d] * inv;
-  *lse_i = m + logf(l);
+  return s;
 }
 
+static tile_mask classify(bool causal, span qs, span ks) {
+  if (!causal || ks.hi <= qs.lo) return TILE_ALL;
+  if (ks.lo > qs.hi) return TILE_NONE;
+  return TILE_SOME;
+}
+
+/* Sets the invisible entries of the (nq, nk) score tile to -inf. */
+static void mask_tile(float *s, const attn_args *a, int i0, int nq, int j0, int nk) {
+  for (int i = 0; i < nq; i++) {
+    int32_t qp = pos_at(a->q_pos, i0 + i);
+    float *si = s + (int64_t)i * nk;
+    for (int j = 0; j < nk; j++)
+      if (pos_at(a->k_pos, j0 + j) > qp) si[j] = -INFINITY;
+  }
+}
+
+/* kt (D, n) = x (n, D) transposed, so that every tile product is a plain NN or TN GEMM (OpenBLAS's
+ * NT path is about half as fast at these sizes). */
+static void transpose(float *restrict kt, const float *restrict x, int n, int D) {
+  for (int j = 0; j < n; j++)
+    for (int d = 0; d < D; d++) kt[(int64_t)d * n + j] = x[(int64_t)j * D + d];
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Forward: one unit is one (batch, query head). Key tiles are the outer loop (each transposed
+ * once), query tiles the inner one; the unit's `out` rows are the accumulators and m, l keep each
+ * row's running max and Σ exp(score − m).
+ * ------------------------------------------------------------------------------------------- */
+
 static void forward_units(void *ctx, int64_t begin, int64_t end) {
-  const attn_args *a = ctx;
+  attn_args *a = ctx;
+  const int D = a->D, Lq = a->Lq, Lk = a->Lk, bq = a->bq, bk = TSR_ATTN_BLOCK;
   int group = a->Hq / a->Hkv;
-  int64_t qsz = (int64_t)a->Lq * a->D, ksz = (int64_t)a->Lk * a->D;
+  int64_t qsz = (int64_t)Lq * D, ksz = (int64_t)Lk * D;
+  float *work = malloc(sizeof(float) * ((size_t)D * bk + (size_t)bq * bk + 2 * (size_t)Lq + 1));
+  if (work == NULL) {
+    atomic_store(&a->nomem, 1);
+    return;
+  }
+  float *kt = work, *s = kt + (int64_t)D * bk, *m = s + (int64_t)bq * bk, *l = m + Lq;
   for (int64_t u = begin; u < end; u++) {
     int64_t b = u / a->Hq, h = u % a->Hq;
     int64_t kvh = b * a->Hkv + h / group;
     const float *qh = a->q + u * qsz;
     const float *kh = a->k + kvh * ksz;
     const float *vh = a->v + kvh * ksz;
-    for (int i = 0; i < a->Lq; i++) {
-      forward_row(a, qh + (int64_t)i * a->D, pos_at(a->q_pos, i), kh, vh,
-                  a->out + u * qsz + (int64_t)i * a->D, a->lse + u * a->Lq + i);
+    float *oh = a->out + u * qsz;
+    float *lh = a->lse + u * Lq;
+    memset(oh, 0, sizeof(float) * (size_t)qsz);
+    for (int i = 0; i < Lq; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    for (int j0 = 0; j0 < Lk; j0 += bk) {
+      int nk = Lk - j0 < bk ? Lk - j0 : bk;
+      span ks = span_of(a->k_pos, j0, nk);
+      bool transposed = false;
+      for (int i0 = 0; i0 < Lq; i0 += bq) {
+        int nq = Lq - i0 < bq ? Lq - i0 : bq;
+        tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
+        if (tm == TILE_NONE) continue; /* a fully masked tile changes nothing */
+        if (!transposed) transpose(kt, kh + (int64_t)j0 * D, nk, D), transposed = true;
+        tsr_kernel_gemm(s, qh + (int64_t)i0 * D, kt, nq, nk, D, false, false, a->scale, 0.0f);
+        if (tm == TILE_SOME) mask_tile(s, a, i0, nq, j0, nk);
+        for (int i = 0; i < nq; i++) {
+          float *si = s + (int64_t)i * nk;
+          float bm = -INFINITY;
+          for (int j = 0; j < nk; j++) bm = si[j] > bm ? si[j] : bm;
+          if (bm == -INFINITY) { /* this row sees no key of the tile: it adds nothing */
+            memset(si, 0, sizeof(float) * (size_t)nk);
+            continue;
+          }
+          float mi = m[i0 + i], m_new = mi > bm ? mi : bm;
+          /* mi == -inf before the row's first visible key: corr = 0 and acc, l are still 0. */
+          float corr = expf(mi - m_new);
+          float sum = 0.0f;
+          for (int j = 0; j < nk; j++) {
+            float p = expf(si[j] - m_new); /* masked: expf(-inf) = 0 */
+            si[j] = p;
+            sum += p;
+          }
+          l[i0 + i] = l[i0 + i] * corr + sum;
+          m[i0 + i] = m_new;
+          if (corr != 1.0f) {
+            float *oi = oh + (int64_t)(i0 + i) * D;
+            for (int d = 0; d < D; d++) oi[d] *= corr;
+          }
+        }
+        tsr_kernel_gemm(oh + (int64_t)i0 * D, s, vh + (int64_t)j0 * D, nq, D, nk, false, false,
+                        1.0f, 1.0f);
+      }
+    }
+    for (int i = 0; i < Lq; i++) {
+      float *oi = oh + (int64_t)i * D;
+      if (l[i] == 0.0f) { /* saw no key: out stays 0 */
+        lh[i] = -INFINITY;
+        continue;
+      }
+      float inv = 1.0f / l[i];
+      for (int d = 0; d < D; d++) oi[d] *= inv;
+      lh[i] = m[i] + logf(l[i]);
     }
   }
+  free(work);
 }
 
 tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, const float *k,
@@ -142,60 +200,91 @@ tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, 
                  .Lq = Lq,
                  .Lk = Lk,
                  .D = D,
+                 .bq = query_block(D),
                  .causal = causal,
                  .scale = 1.0f / sqrtf((float)D)};
+  atomic_init(&a.nomem, 0);
   tsr_parallel_for((int64_t)B * Hq, min_units(Lq, Lk, D), forward_units, &a);
+  if (atomic_load(&a.nomem))
+    return TSR_ERROR(TSR_ENOMEM, "attention forward: out of memory for the tile buffers");
   return TSR_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
  * Backward: one unit is one (batch, key/value head), so that the dk/dv of a group are written by
- * one thread only; its query heads are visited in turn.
+ * one thread only; its query heads are visited in turn, key tiles outer, query tiles inner.
  *
- * With p_ij = exp(s_ij − lse_i) and D_i = Σ_d dout_id · out_id (= Σ_j p_ij dp_ij):
- *   dv_j += p_ij dout_i,  ds_ij = p_ij (dout_i · v_j − D_i),
- *   dq_i += scale ds_ij k_j,  dk_j += scale ds_ij q_i.
+ * With p_ij = exp(s_ij − lse_i) and D_i = Σ_d dout_id · out_id (= Σ_j p_ij dp_ij), per tile:
+ *   dV += Pᵀ dout,  dP = dout Vᵀ,  dS = P ∘ (dP − D) · scale,  dQ += dS K,  dK += dSᵀ Q.
  * ------------------------------------------------------------------------------------------- */
 
 static void backward_units(void *ctx, int64_t begin, int64_t end) {
-  const attn_args *a = ctx;
-  int D = a->D;
+  attn_args *a = ctx;
+  const int D = a->D, Lq = a->Lq, Lk = a->Lk, bq = a->bq, bk = TSR_ATTN_BLOCK;
   int group = a->Hq / a->Hkv;
-  int64_t qsz = (int64_t)a->Lq * D, ksz = (int64_t)a->Lk * D;
+  int64_t qsz = (int64_t)Lq * D, ksz = (int64_t)Lk * D;
+  float *work = malloc(sizeof(float) * (2 * (size_t)D * bk + 2 * (size_t)bq * bk + (size_t)Lq + 1));
+  if (work == NULL) {
+    atomic_store(&a->nomem, 1);
+    return;
+  }
+  float *kt = work, *vt = kt + (int64_t)D * bk, *p = vt + (int64_t)D * bk;
+  float *ds = p + (int64_t)bq * bk, *di = ds + (int64_t)bq * bk;
   for (int64_t u = begin; u < end; u++) {
     int64_t b = u / a->Hkv;
-    const float *kh = a->k + u * ksz;
-    const float *vh = a->v + u * ksz;
-    float *dkh = a->dk + u * ksz;
-    float *dvh = a->dv + u * ksz;
+    const float *kh = a->k + u * ksz, *vh = a->v + u * ksz;
+    float *dkh = a->dk + u * ksz, *dvh = a->dv + u * ksz;
     for (int64_t h = (u % a->Hkv) * group; h < (u % a->Hkv + 1) * group; h++) {
       int64_t qh = b * a->Hq + h;
-      for (int i = 0; i < a->Lq; i++) {
-        int64_t row = qh * a->Lq + i;
-        float lse_i = a->flse[row];
-        if (lse_i == -INFINITY) continue; /* saw no key: no probability, no gradient */
-        const float *qi = a->q + qh * qsz + (int64_t)i * D;
-        const float *gi = a->dout + qh * qsz + (int64_t)i * D;
-        float *dqi = a->dq + qh * qsz + (int64_t)i * D;
-        float di = dot(gi, a->fout + qh * qsz + (int64_t)i * D, D);
-        int32_t qp = pos_at(a->q_pos, i);
-        for (int j = 0; j < a->Lk; j++) {
-          if (!visible(a, qp, j)) continue;
-          const float *kj = kh + (int64_t)j * D;
-          const float *vj = vh + (int64_t)j * D;
-          float p = expf(a->scale * dot(qi, kj, D) - lse_i);
-          float ds = p * (dot(gi, vj, D) - di) * a->scale;
-          float *dkj = dkh + (int64_t)j * D;
-          float *dvj = dvh + (int64_t)j * D;
-          for (int d = 0; d < D; d++) {
-            dvj[d] += p * gi[d];
-            dqi[d] += ds * kj[d];
-            dkj[d] += ds * qi[d];
+      const float *qb = a->q + qh * qsz, *gb = a->dout + qh * qsz, *ob = a->fout + qh * qsz;
+      const float *lb = a->flse + qh * Lq;
+      float *dqb = a->dq + qh * qsz;
+      for (int i = 0; i < Lq; i++) {
+        const float *gi = gb + (int64_t)i * D, *oi = ob + (int64_t)i * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; d++) s += gi[d] * oi[d];
+        di[i] = s;
+      }
+      for (int j0 = 0; j0 < Lk; j0 += bk) {
+        int nk = Lk - j0 < bk ? Lk - j0 : bk;
+        span ks = span_of(a->k_pos, j0, nk);
+        bool transposed = false;
+        for (int i0 = 0; i0 < Lq; i0 += bq) {
+          int nq = Lq - i0 < bq ? Lq - i0 : bq;
+          tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
+          if (tm == TILE_NONE) continue;
+          if (!transposed) {
+            transpose(kt, kh + (int64_t)j0 * D, nk, D);
+            transpose(vt, vh + (int64_t)j0 * D, nk, D);
+            transposed = true;
           }
+          const float *qt = qb + (int64_t)i0 * D, *gt = gb + (int64_t)i0 * D;
+          tsr_kernel_gemm(p, qt, kt, nq, nk, D, false, false, a->scale, 0.0f);
+          if (tm == TILE_SOME) mask_tile(p, a, i0, nq, j0, nk);
+          for (int i = 0; i < nq; i++) {
+            float *pi = p + (int64_t)i * nk;
+            float li = lb[i0 + i];
+            if (li == -INFINITY) { /* saw no key: no probability, no gradient */
+              memset(pi, 0, sizeof(float) * (size_t)nk);
+              continue;
+            }
+            for (int j = 0; j < nk; j++) pi[j] = expf(pi[j] - li);
+          }
+          tsr_kernel_gemm(dvh + (int64_t)j0 * D, p, gt, nk, D, nq, true, false, 1.0f, 1.0f);
+          tsr_kernel_gemm(ds, gt, vt, nq, nk, D, false, false, 1.0f, 0.0f);
+          for (int i = 0; i < nq; i++) {
+            const float *pi = p + (int64_t)i * nk;
+            float *dsi = ds + (int64_t)i * nk, dd = di[i0 + i];
+            for (int j = 0; j < nk; j++) dsi[j] = pi[j] * (dsi[j] - dd) * a->scale;
+          }
+          tsr_kernel_gemm(dqb + (int64_t)i0 * D, ds, kh + (int64_t)j0 * D, nq, D, nk, false, false,
+                          1.0f, 1.0f);
+          tsr_kernel_gemm(dkh + (int64_t)j0 * D, ds, qt, nk, D, nq, true, false, 1.0f, 1.0f);
         }
       }
     }
   }
+  free(work);
 }
 
 tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const float *dout,
@@ -220,10 +309,14 @@ tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const 
                  .Lq = Lq,
                  .Lk = Lk,
                  .D = D,
+                 .bq = query_block(D),
                  .causal = causal,
                  .scale = 1.0f / sqrtf((float)D)};
+  atomic_init(&a.nomem, 0);
   int group = Hq / Hkv;
   tsr_parallel_for((int64_t)B * Hkv, min_units(Lq * group, Lk, D), backward_units, &a);
+  if (atomic_load(&a.nomem))
+    return TSR_ERROR(TSR_ENOMEM, "attention backward: out of memory for the tile buffers");
   return TSR_OK;
 }
 
