@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "app.h"
+#include "conform.h"
 #include "tessera/tessera.h"
 
 static const char usage[] =
@@ -13,6 +14,7 @@ static const char usage[] =
     "  plan JOB.ini                         validate a job; print its mesh and dim owners\n"
     "  run JOB.ini [--set S.K=V] [--dump F] validate a job and run it (train or forward)\n"
     "  compare A B [--rtol R] [--atol A]    compare two dumps tensor by tensor\n"
+    "  conform PLUGIN [options]             run the conformance suite against a plugin\n"
     "  ini-reference                        print the job-file reference (docs/ini-reference.md)\n"
     "  help                                 this text\n"
     "\n"
@@ -65,8 +67,10 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run")) return tsr_cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "ini-reference")) return tsr_cmd_ini_reference(argc - 1, argv + 1);
   if (!strcmp(cmd, "compare")) return tsr_cmd_compare(argc - 1, argv + 1);
-  static const char *const cmds[] = {"plugins", "plan", "run", "ini-reference", "compare", "help"};
-  const char *hint = tsr_closest_name(cmd, cmds, 6);
+  if (!strcmp(cmd, "conform")) return tsr_cmd_conform(argc - 1, argv + 1);
+  static const char *const cmds[] = {"plugins", "plan",    "run", "ini-reference",
+                                     "compare", "conform", "help"};
+  const char *hint = tsr_closest_name(cmd, cmds, 7);
   if (hint)
     fprintf(stderr, "tessera: unknown command '%s'; did you mean '%s'?\n", cmd, hint);
   else
