@@ -2,15 +2,18 @@
  *
  * libtessera-mpi.so is opened on first use, so that the core and the command never depend on
  * MPI and a build without Open MPI still runs every other backend. The backend is looked up in
- * TESSERA_MPI_BACKEND (an absolute path to the .so), then the install's lib directory, then this
+ * TESSERA_MPI_BACKEND (an absolute path to the .so), then beside the libtessera this process
+ * loaded (an install under any prefix), then the configured install's lib directory, then this
  * build tree; never the current directory.
  *
  * The handle is process-wide state on purpose: one process is one rank under this backend. */
+#define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tessera_mpi.h"
 
@@ -41,6 +44,18 @@ bool tsr_mpi_loader_started(void) {
   return started;
 }
 
+/* libtessera-mpi.so in the folder of the libtessera this process loaded, when it is there: the
+ * install puts both in <prefix>/lib, so an install made with --prefix (or moved) finds its own. */
+static bool beside_core(char *out, size_t len) {
+  Dl_info info;
+  if (!dladdr((void *)&tsr_error_at, &info) || !info.dli_fname) return false;
+  const char *slash = strrchr(info.dli_fname, '/');
+  if (!slash) return false;
+  int w =
+      snprintf(out, len, "%.*s/libtessera-mpi.so", (int)(slash - info.dli_fname), info.dli_fname);
+  return w > 0 && (size_t)w < len && access(out, F_OK) == 0;
+}
+
 static tsr_status open_backend(void) {
   if (backend) return TSR_OK;
   if (!TSR_MPI_BUILT)
@@ -49,7 +64,10 @@ static tsr_status open_backend(void) {
                      "was configured. Install libopenmpi-dev and openmpi-bin, reconfigure with "
                      "-DTESSERA_MPI=ON and rebuild, or use backend = local");
   const char *env = getenv("TESSERA_MPI_BACKEND");
-  const char *paths[] = {env && env[0] == '/' ? env : NULL, TSR_MPI_INSTALL_LIB, TSR_MPI_BUILD_LIB};
+  char beside[4096];
+  const char *paths[] = {env && env[0] == '/' ? env : NULL,
+                         beside_core(beside, sizeof beside) ? beside : NULL, TSR_MPI_INSTALL_LIB,
+                         TSR_MPI_BUILD_LIB};
   char tried[2048] = "";
   size_t pos = 0;
   for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {

@@ -1,9 +1,15 @@
 # Checks of cp_allgather against the installed `tessera` (TESSERA_EXECUTABLE from the package).
 #
 # Each case runs cp_allgather.ini for one step with a mesh override and compares its dump with
-# the 1-rank run of the same job; `tessera compare` prints "MATCH: 0 tensors" when every tensor
-# agrees. With -DTESSERA_GOLDEN_DIR=<dir holding job.ini and expected.safetensors> (Tessera's
-# tests/data/golden/gqa), the plugin's run is also compared with that independent reference.
+# the 1-rank run of the same job at rtol = atol = 1e-4, the tolerance Tessera's own mesh tests use
+# against the 1-rank run; `tessera compare` prints "MATCH: 0 tensors" when every tensor agrees.
+# (Parameters after the first AdamW step move by about lr * sign(g), so an element whose gradient
+# is below AdamW's eps, ~5e-9 here, turns float noise in g into ~1e-5 in the parameter: cp_ring
+# shows the same on ring_cp 2 x ulysses_cp 2.)
+#
+# With -DTESSERA_GOLDEN_DIR=<dir holding job.ini and expected.safetensors> (Tessera's
+# tests/data/golden/gqa), runs of that case are also compared with the PyTorch reference's dump,
+# at the tolerance of Tessera's own golden tests (rtol 1e-4, atol 1e-5).
 set(AG_JOB ${CMAKE_CURRENT_SOURCE_DIR}/cp_allgather.ini)
 set(AG_OUT ${CMAKE_CURRENT_BINARY_DIR}/checks)
 file(MAKE_DIRECTORY ${AG_OUT})
@@ -19,7 +25,7 @@ set_tests_properties(cp_allgather_reference PROPERTIES
 # ag_case(<name> <--set overrides>...): run with the overrides, compare with the reference.
 function(ag_case name)
   add_test(NAME cp_allgather_${name}
-    COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/${name}.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-5"
+    COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/${name}.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-4"
       ${TESSERA_EXECUTABLE} ${AG_RUN} ${ARGN} --dump ${AG_OUT}/${name}.safetensors)
   set_tests_properties(cp_allgather_${name} PROPERTIES ENVIRONMENT "${AG_ENV}"
     FIXTURES_REQUIRED ag_reference PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
@@ -38,7 +44,7 @@ file(READ ${AG_JOB} _text)
 string(REPLACE "regather_backward = false" "regather_backward = true" _text "${_text}")
 file(WRITE ${AG_OUT}/regather.ini "${_text}")
 add_test(NAME cp_allgather_ring_cp4_regather
-  COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/regather.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-5"
+  COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/regather.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-4"
     ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${AG_OUT}/regather.ini --no-peak --no-progress
     --set job.steps=1 --dump ${AG_OUT}/regather.safetensors)
 set_tests_properties(cp_allgather_ring_cp4_regather PROPERTIES ENVIRONMENT "${AG_ENV}"
@@ -51,12 +57,25 @@ add_test(NAME cp_allgather_beside_cp_ring
 set_tests_properties(cp_allgather_beside_cp_ring PROPERTIES ENVIRONMENT "${AG_ENV}"
   PASS_REGULAR_EXPRESSION "ring_cp.*(cp_allgather.*cp_ring|cp_ring.*cp_allgather).*exit=2")
 
+# name, [mesh] dims, shape, [plugins] load of the golden cases (8 heads, 4 kv heads, seq 16).
+set(AG_GOLDEN_CASES
+  "ring_cp4          ring_cp             4     cp_allgather"
+  "ring_cp3_uneven   ring_cp             3     cp_allgather"
+  "ring_cp2_ulysses2 ring_cp,ulysses_cp  2,2   cp_allgather,cp_ulysses"
+  "tp2_ring_cp2      tp,ring_cp          2,2   tp,cp_allgather")
 if(TESSERA_GOLDEN_DIR)
-  add_test(NAME cp_allgather_golden_ring_cp4
-    COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/golden.safetensors\" \"${TESSERA_GOLDEN_DIR}/expected.safetensors\" --rtol 1e-4 --atol 1e-5"
-      ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${TESSERA_GOLDEN_DIR}/job.ini --no-peak
-      --no-progress --set mesh.dims=ring_cp --set mesh.shape=4 --set plugins.load=cp_allgather
-      --dump ${AG_OUT}/golden.safetensors)
-  set_tests_properties(cp_allgather_golden_ring_cp4 PROPERTIES ENVIRONMENT "${AG_ENV}"
-    PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+  foreach(row ${AG_GOLDEN_CASES})
+    string(REGEX REPLACE " +" ";" row "${row}")
+    list(GET row 0 name)
+    list(GET row 1 dims)
+    list(GET row 2 shape)
+    list(GET row 3 load)
+    add_test(NAME cp_allgather_golden_${name}
+      COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/golden_${name}.safetensors\" \"${TESSERA_GOLDEN_DIR}/expected.safetensors\" --rtol 1e-4 --atol 1e-5"
+        ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${TESSERA_GOLDEN_DIR}/job.ini --no-peak
+        --no-progress --set mesh.dims=${dims} --set mesh.shape=${shape} --set plugins.load=${load}
+        --dump ${AG_OUT}/golden_${name}.safetensors)
+    set_tests_properties(cp_allgather_golden_${name} PROPERTIES ENVIRONMENT "${AG_ENV}"
+      PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+  endforeach()
 endif()
