@@ -5,7 +5,9 @@
  * forward, backward, gradient resolve + clip + AdamW, and the time the step's GEMMs alone take
  * when run back to back through the same CBLAS calls (the floor the model's matmuls set; the
  * rest of the step is everything else: attention, norms, element-wise ops, allocation), and the
- * time the attention kernels alone take.
+ * time the attention kernels alone take; and the in-step breakdown by kernel kind
+ * (tsr_kernel_profile_*: GEMM, attention, cross-entropy, the per-token layers, the optimizer) with
+ * what is left outside kernels (op layer: allocation, zeroing, copies, tape).
  *
  * FLOPs per token are 6·N + 6·L·h·s (DESIGN §8) with N the parameters in matrix products: the
  * input embedding is a lookup and is left out (`tessera run` counts the same way). The PyTorch
@@ -31,6 +33,7 @@ typedef struct bench {
   tsr_llama_config cfg;
   int batch, seq, steps, threads;
   double fwd[MAX_STEPS], bwd[MAX_STEPS], opt[MAX_STEPS], total[MAX_STEPS];
+  double kernel_s[TSR_KERNEL_KINDS]; /* summed over the timed steps */
   double loss;
 } bench;
 
@@ -89,6 +92,9 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
     TSR_CHECK_GOTO(input_var(r, mesh, ids, b->batch, b->seq, &x), st);
     TSR_CHECK_GOTO(input_var(r, mesh, labels, b->batch, b->seq, &y), st);
+    double ks[TSR_KERNEL_KINDS];
+    tsr_kernel_profile_enable(k >= 0);
+    tsr_kernel_profile_read(ks, true);
     double t0 = now_s();
     st = tsr_llama_forward(m, tape, x, y, &logits, &loss);
     double t1 = now_s();
@@ -104,7 +110,10 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-3), st);
     for (int i = 0; i < n; i++) tsr_var_zero_grad(params[i]);
     double t3 = now_s();
+    tsr_kernel_profile_enable(false);
+    tsr_kernel_profile_read(ks, true);
     if (k >= 0) {
+      for (int q = 0; q < TSR_KERNEL_KINDS; q++) b->kernel_s[q] += ks[q];
       b->fwd[k] = t1 - t0;
       b->bwd[k] = t2 - t1;
       b->opt[k] = t3 - t2;
@@ -246,6 +255,18 @@ int main(int argc, char **argv) {
   if (attn_s > 0)
     printf("the step's attention kernels alone: %.3f s (%.0f%% of the step)\n", attn_s,
            100 * attn_s / step);
+  const char *kind_name[TSR_KERNEL_KINDS] = {"GEMM", "attention", "cross-entropy",
+                                             "norm/rope/swiglu/embedding", "clip+adamw"};
+  double mean_step = 0, in_kernels = 0;
+  for (int k = 0; k < b.steps; k++) mean_step += b.total[k] / b.steps;
+  printf("in-step breakdown (mean of %d steps, %.3f s):", b.steps, mean_step);
+  for (int q = 0; q < TSR_KERNEL_KINDS; q++) {
+    double t = b.kernel_s[q] / b.steps;
+    in_kernels += t;
+    printf("%s %s %.3f s (%.0f%%)", q ? "," : "", kind_name[q], t, 100 * t / mean_step);
+  }
+  printf(", outside kernels %.3f s (%.0f%%)\n", mean_step - in_kernels,
+         100 * (mean_step - in_kernels) / mean_step);
   printf("%.1f tokens/s, %.1f GFLOP/s, MFU %.1f%% of the measured sgemm peak\n", tokens / step,
          gflops, 100 * gflops / peak);
   printf("bench_train tokens_per_s=%.1f step_s=%.4f gflops=%.2f mfu=%.4f\n", tokens / step, step,

@@ -56,6 +56,28 @@ void tsr_kernel_set_threads(int n);
 int tsr_kernel_threads(void);
 
 /* ---------------------------------------------------------------------------------------------
+ * Time accounting (benchmarks)
+ * ------------------------------------------------------------------------------------------- */
+
+/* What a kernel's time is counted as. */
+typedef enum tsr_kernel_kind {
+  TSR_KERNEL_GEMM,      /* tsr_kernel_gemm, tsr_kernel_matmul_forward/backward */
+  TSR_KERNEL_ATTENTION, /* attention forward, backward, merge (their GEMMs included) */
+  TSR_KERNEL_LOSS,      /* cross-entropy and its vocabulary-parallel pieces */
+  TSR_KERNEL_LAYERS,    /* RMSNorm, RoPE, SwiGLU, embedding, head layout changes */
+  TSR_KERNEL_OPTIM,     /* AdamW, sums of squares, scaling */
+  TSR_KERNEL_KINDS
+} tsr_kernel_kind;
+
+/* Turns kernel timing on or off for the whole process (off at start). While on, every kernel
+ * called from outside another kernel adds its wall time to its kind's total, from whichever thread
+ * calls it; kernels called by kernels are not counted again. */
+void tsr_kernel_profile_enable(bool on);
+
+/* The totals in seconds since the last reset, per kind; with `reset` they restart from 0. */
+void tsr_kernel_profile_read(double seconds[TSR_KERNEL_KINDS], bool reset);
+
+/* ---------------------------------------------------------------------------------------------
  * GEMM (CBLAS)
  * ------------------------------------------------------------------------------------------- */
 

@@ -139,7 +139,7 @@ static void forward_units(void *ctx, int64_t begin, int64_t end) {
         tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
         if (tm == TILE_NONE) continue; /* a fully masked tile changes nothing */
         if (!transposed) transpose(kt, kh + (int64_t)j0 * D, nk, D), transposed = true;
-        tsr_kernel_gemm(s, qh + (int64_t)i0 * D, kt, nq, nk, D, false, false, a->scale, 0.0f);
+        tsr_gemm_raw(s, qh + (int64_t)i0 * D, kt, nq, nk, D, false, false, a->scale, 0.0f);
         if (tm == TILE_SOME) mask_tile(s, a, i0, nq, j0, nk);
         for (int i = 0; i < nq; i++) {
           float *si = s + (int64_t)i * nk;
@@ -165,8 +165,8 @@ static void forward_units(void *ctx, int64_t begin, int64_t end) {
             for (int d = 0; d < D; d++) oi[d] *= corr;
           }
         }
-        tsr_kernel_gemm(oh + (int64_t)i0 * D, s, vh + (int64_t)j0 * D, nq, D, nk, false, false,
-                        1.0f, 1.0f);
+        tsr_gemm_raw(oh + (int64_t)i0 * D, s, vh + (int64_t)j0 * D, nq, D, nk, false, false, 1.0f,
+                     1.0f);
       }
     }
     for (int i = 0; i < Lq; i++) {
@@ -183,10 +183,10 @@ static void forward_units(void *ctx, int64_t begin, int64_t end) {
   free(work);
 }
 
-tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, const float *k,
-                                        const float *v, const int32_t *q_pos, const int32_t *k_pos,
-                                        int B, int Hq, int Hkv, int Lq, int Lk, int D,
-                                        bool causal) {
+static tsr_status attention_forward_impl(float *out, float *lse, const float *q, const float *k,
+                                         const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                         int B, int Hq, int Hkv, int Lq, int Lk, int D,
+                                         bool causal) {
   TSR_CHECK(check_shapes("attention forward", B, Hq, Hkv, Lq, Lk, D));
   attn_args a = {.out = out,
                  .lse = lse,
@@ -208,6 +208,17 @@ tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, 
   if (atomic_load(&a.nomem))
     return TSR_ERROR(TSR_ENOMEM, "attention forward: out of memory for the tile buffers");
   return TSR_OK;
+}
+
+tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, const float *k,
+                                        const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                        int B, int Hq, int Hkv, int Lq, int Lk, int D,
+                                        bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r =
+      attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -259,7 +270,7 @@ static void backward_units(void *ctx, int64_t begin, int64_t end) {
             transposed = true;
           }
           const float *qt = qb + (int64_t)i0 * D, *gt = gb + (int64_t)i0 * D;
-          tsr_kernel_gemm(p, qt, kt, nq, nk, D, false, false, a->scale, 0.0f);
+          tsr_gemm_raw(p, qt, kt, nq, nk, D, false, false, a->scale, 0.0f);
           if (tm == TILE_SOME) mask_tile(p, a, i0, nq, j0, nk);
           for (int i = 0; i < nq; i++) {
             float *pi = p + (int64_t)i * nk;
@@ -270,16 +281,16 @@ static void backward_units(void *ctx, int64_t begin, int64_t end) {
             }
             for (int j = 0; j < nk; j++) pi[j] = expf(pi[j] - li);
           }
-          tsr_kernel_gemm(dvh + (int64_t)j0 * D, p, gt, nk, D, nq, true, false, 1.0f, 1.0f);
-          tsr_kernel_gemm(ds, gt, vt, nq, nk, D, false, false, 1.0f, 0.0f);
+          tsr_gemm_raw(dvh + (int64_t)j0 * D, p, gt, nk, D, nq, true, false, 1.0f, 1.0f);
+          tsr_gemm_raw(ds, gt, vt, nq, nk, D, false, false, 1.0f, 0.0f);
           for (int i = 0; i < nq; i++) {
             const float *pi = p + (int64_t)i * nk;
             float *dsi = ds + (int64_t)i * nk, dd = di[i0 + i];
             for (int j = 0; j < nk; j++) dsi[j] = pi[j] * (dsi[j] - dd) * a->scale;
           }
-          tsr_kernel_gemm(dqb + (int64_t)i0 * D, ds, kh + (int64_t)j0 * D, nq, D, nk, false, false,
-                          1.0f, 1.0f);
-          tsr_kernel_gemm(dkh + (int64_t)j0 * D, ds, qt, nk, D, nq, true, false, 1.0f, 1.0f);
+          tsr_gemm_raw(dqb + (int64_t)i0 * D, ds, kh + (int64_t)j0 * D, nq, D, nk, false, false,
+                       1.0f, 1.0f);
+          tsr_gemm_raw(dkh + (int64_t)j0 * D, ds, qt, nk, D, nq, true, false, 1.0f, 1.0f);
         }
       }
     }
@@ -287,11 +298,11 @@ static void backward_units(void *ctx, int64_t begin, int64_t end) {
   free(work);
 }
 
-tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const float *dout,
-                                         const float *q, const float *k, const float *v,
-                                         const float *out, const float *lse, const int32_t *q_pos,
-                                         const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
-                                         int Lk, int D, bool causal) {
+static tsr_status attention_backward_impl(float *dq, float *dk, float *dv, const float *dout,
+                                          const float *q, const float *k, const float *v,
+                                          const float *out, const float *lse, const int32_t *q_pos,
+                                          const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
+                                          int Lk, int D, bool causal) {
   TSR_CHECK(check_shapes("attention backward", B, Hq, Hkv, Lq, Lk, D));
   attn_args a = {.dq = dq,
                  .dk = dk,
@@ -320,12 +331,25 @@ tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const 
   return TSR_OK;
 }
 
+tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const float *dout,
+                                         const float *q, const float *k, const float *v,
+                                         const float *out, const float *lse, const int32_t *q_pos,
+                                         const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
+                                         int Lk, int D, bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq,
+                                         Hkv, Lq, Lk, D, causal);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Merge by log-sum-exp
  * ------------------------------------------------------------------------------------------- */
 
 void tsr_kernel_attention_merge(float *out, float *lse, const float *out_a, const float *lse_a,
                                 const float *out_b, const float *lse_b, int R, int D) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t r = 0; r < R; r++) {
     float la = lse_a[r], lb = lse_b[r];
     float mx = la > lb ? la : lb;
@@ -345,4 +369,5 @@ void tsr_kernel_attention_merge(float *out, float *lse, const float *out_a, cons
     for (int d = 0; d < D; d++) o[d] = ca * oa[d] + cb * ob[d];
     lse[r] = mx + log1pf(other);
   }
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
 }

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "internal.h"
 #include "tessera/kernels.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -10,6 +11,7 @@
 
 void tsr_kernel_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                                 int C, float eps) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < N; i++) {
     const float *xi = x + i * C;
     float *oi = out + i * C;
@@ -23,10 +25,12 @@ void tsr_kernel_rmsnorm_forward(float *out, float *rstd, const float *x, const f
     for (int j = 0; j < C; j++) oi[j] = (xi[j] * r) * w[j];
     rstd[i] = r;
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 void tsr_kernel_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
                                  const float *w, const float *rstd, int N, int C) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < N; i++) {
     const float *xi = x + i * C;
     const float *gi = dout + i * C;
@@ -42,14 +46,15 @@ void tsr_kernel_rmsnorm_backward(float *dx, float *dw, const float *dout, const 
       for (int j = 0; j < C; j++) dw[j] += gi[j] * xi[j] * r;
     }
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 /* ---------------------------------------------------------------------------------------------
  * RoPE
  * ------------------------------------------------------------------------------------------- */
 
-tsr_status tsr_kernel_rope_tables(float *cos_t, float *sin_t, const int32_t *pos, int L, int D,
-                                  float theta) {
+static tsr_status rope_tables_impl(float *cos_t, float *sin_t, const int32_t *pos, int L, int D,
+                                   float theta) {
   if (D <= 0 || D % 2 != 0) {
     return TSR_ERROR(TSR_EINVAL, "rope: head_dim %d must be positive and even", D);
   }
@@ -71,8 +76,17 @@ tsr_status tsr_kernel_rope_tables(float *cos_t, float *sin_t, const int32_t *pos
   return TSR_OK;
 }
 
+tsr_status tsr_kernel_rope_tables(float *cos_t, float *sin_t, const int32_t *pos, int L, int D,
+                                  float theta) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = rope_tables_impl(cos_t, sin_t, pos, L, D, theta);
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
+  return r;
+}
+
 void tsr_kernel_rope_forward(float *out, const float *x, const float *cos_t, const float *sin_t,
                              int B, int L, int H, int D) {
+  int64_t t0 = tsr_profile_begin();
   int half = D / 2;
   for (int64_t b = 0; b < B; b++) {
     for (int64_t l = 0; l < L; l++) {
@@ -91,10 +105,12 @@ void tsr_kernel_rope_forward(float *out, const float *x, const float *cos_t, con
       }
     }
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 void tsr_kernel_rope_backward(float *dx, const float *dout, const float *cos_t, const float *sin_t,
                               int B, int L, int H, int D) {
+  int64_t t0 = tsr_profile_begin();
   int half = D / 2;
   for (int64_t b = 0; b < B; b++) {
     for (int64_t l = 0; l < L; l++) {
@@ -112,9 +128,11 @@ void tsr_kernel_rope_backward(float *dx, const float *dout, const float *cos_t, 
       }
     }
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 void tsr_kernel_blhd_to_bhld(float *out, const float *x, int B, int L, int H, int D) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t b = 0; b < B; b++) {
     for (int64_t l = 0; l < L; l++) {
       for (int64_t h = 0; h < H; h++) {
@@ -123,9 +141,11 @@ void tsr_kernel_blhd_to_bhld(float *out, const float *x, int B, int L, int H, in
       }
     }
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 void tsr_kernel_bhld_to_blhd(float *out, const float *x, int B, int L, int H, int D) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < H; h++) {
       for (int64_t l = 0; l < L; l++) {
@@ -134,6 +154,7 @@ void tsr_kernel_bhld_to_blhd(float *out, const float *x, int B, int L, int H, in
       }
     }
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -141,15 +162,18 @@ void tsr_kernel_bhld_to_blhd(float *out, const float *x, int B, int L, int H, in
  * ------------------------------------------------------------------------------------------- */
 
 void tsr_kernel_swiglu_forward(float *out, const float *gate, const float *up, int64_t n) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i];
     /* g / (1 + e^-g), the form torch's silu evaluates, so the two agree bit for bit. */
     out[i] = (g / (1.0f + expf(-g))) * up[i];
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 void tsr_kernel_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate,
                                 const float *up, int64_t n) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < n; i++) {
     float g = gate[i];
     float s = 1.0f / (1.0f + expf(-g));
@@ -158,6 +182,7 @@ void tsr_kernel_swiglu_backward(float *dgate, float *dup, const float *dout, con
     dgate[i] += dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
     dup[i] += dout[i] * silu;
   }
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -175,8 +200,8 @@ static tsr_status check_ids(const char *what, const int32_t *ids, int N, int V) 
   return TSR_OK;
 }
 
-tsr_status tsr_kernel_embedding_forward(float *out, const int32_t *ids, const float *table, int N,
-                                        int V, int C) {
+static tsr_status embedding_forward_impl(float *out, const int32_t *ids, const float *table, int N,
+                                         int V, int C) {
   TSR_CHECK(check_ids("embedding forward", ids, N, V));
   for (int64_t i = 0; i < N; i++) {
     memcpy(out + i * C, table + (int64_t)ids[i] * C, (size_t)C * sizeof(float));
@@ -184,8 +209,16 @@ tsr_status tsr_kernel_embedding_forward(float *out, const int32_t *ids, const fl
   return TSR_OK;
 }
 
-tsr_status tsr_kernel_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
-                                         int N, int V, int C) {
+tsr_status tsr_kernel_embedding_forward(float *out, const int32_t *ids, const float *table, int N,
+                                        int V, int C) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = embedding_forward_impl(out, ids, table, N, V, C);
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
+  return r;
+}
+
+static tsr_status embedding_backward_impl(float *dtable, const float *dout, const int32_t *ids,
+                                          int N, int V, int C) {
   TSR_CHECK(check_ids("embedding backward", ids, N, V));
   for (int64_t i = 0; i < N; i++) {
     float *row = dtable + (int64_t)ids[i] * C;
@@ -193,4 +226,12 @@ tsr_status tsr_kernel_embedding_backward(float *dtable, const float *dout, const
     for (int j = 0; j < C; j++) row[j] += g[j];
   }
   return TSR_OK;
+}
+
+tsr_status tsr_kernel_embedding_backward(float *dtable, const float *dout, const int32_t *ids,
+                                         int N, int V, int C) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = embedding_backward_impl(dtable, dout, ids, N, V, C);
+  tsr_profile_end(TSR_KERNEL_LAYERS, t0);
+  return r;
 }

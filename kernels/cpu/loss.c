@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stddef.h>
 
+#include "internal.h"
 #include "tessera/kernels.h"
 
 static float row_max(const float *row, int V) {
@@ -19,8 +20,8 @@ static double row_sumexp(const float *row, int V, float m) {
   return s;
 }
 
-tsr_status tsr_kernel_cross_entropy(float *loss, int *n_valid, float *dlogits, const float *logits,
-                                    const int32_t *targets, int N, int V, float dloss) {
+static tsr_status cross_entropy_impl(float *loss, int *n_valid, float *dlogits, const float *logits,
+                                     const int32_t *targets, int N, int V, float dloss) {
   int count = 0;
   for (int i = 0; i < N; i++) {
     if (targets[i] == TSR_IGNORE_INDEX) continue;
@@ -55,28 +56,43 @@ tsr_status tsr_kernel_cross_entropy(float *loss, int *n_valid, float *dlogits, c
   return TSR_OK;
 }
 
+tsr_status tsr_kernel_cross_entropy(float *loss, int *n_valid, float *dlogits, const float *logits,
+                                    const int32_t *targets, int N, int V, float dloss) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = cross_entropy_impl(loss, n_valid, dlogits, logits, targets, N, V, dloss);
+  tsr_profile_end(TSR_KERNEL_LOSS, t0);
+  return r;
+}
+
 void tsr_kernel_logits_row_max(float *out, const float *logits, int N, int Vl) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < N; i++) out[i] = row_max(logits + i * Vl, Vl);
+  tsr_profile_end(TSR_KERNEL_LOSS, t0);
 }
 
 void tsr_kernel_logits_row_sumexp(float *sumexp, const float *logits, const float *rmax, int N,
                                   int Vl) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < N; i++) sumexp[i] = (float)row_sumexp(logits + i * Vl, Vl, rmax[i]);
+  tsr_profile_end(TSR_KERNEL_LOSS, t0);
 }
 
 void tsr_kernel_logits_target(float *target_logit, const float *logits, const int32_t *targets,
                               int N, int Vl, int vocab_start) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < N; i++) {
     int64_t local = (int64_t)targets[i] - vocab_start;
     bool here = targets[i] != TSR_IGNORE_INDEX && local >= 0 && local < Vl;
     target_logit[i] = here ? logits[i * Vl + local] : 0.0f;
   }
+  tsr_profile_end(TSR_KERNEL_LOSS, t0);
 }
 
 void tsr_kernel_cross_entropy_shard_backward(float *dlogits, const float *logits,
                                              const int32_t *targets, const float *rmax,
                                              const float *sumexp, int N, int Vl, int vocab_start,
                                              float scale) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < N; i++) {
     if (targets[i] == TSR_IGNORE_INDEX) continue;
     int64_t local = (int64_t)targets[i] - vocab_start;
@@ -88,4 +104,5 @@ void tsr_kernel_cross_entropy_shard_backward(float *dlogits, const float *logits
       drow[j] += (float)(scale * (p - (j == local ? 1.0 : 0.0)));
     }
   }
+  tsr_profile_end(TSR_KERNEL_LOSS, t0);
 }

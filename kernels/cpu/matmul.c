@@ -4,10 +4,11 @@
 
 #include <cblas.h>
 
+#include "internal.h"
 #include "tessera/kernels.h"
 
-void tsr_kernel_gemm(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
-                     bool trans_b, float alpha, float beta) {
+void tsr_gemm_raw(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
+                  bool trans_b, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;
   if (K <= 0) {
     /* BLAS leaves c untouched for K == 0 on some builds; the maths says c = beta * c. */
@@ -20,8 +21,16 @@ void tsr_kernel_gemm(float *c, const float *a, const float *b, int M, int N, int
               trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, lda, b, ldb, beta, c, N);
 }
 
+void tsr_kernel_gemm(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
+                     bool trans_b, float alpha, float beta) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_gemm_raw(c, a, b, M, N, K, trans_a, trans_b, alpha, beta);
+  tsr_profile_end(TSR_KERNEL_GEMM, t0);
+}
+
 void tsr_kernel_matmul_forward(float *out, const float *x, const float *w, const float *bias, int N,
                                int C, int OC) {
+  int64_t t0 = tsr_profile_begin();
   float beta = 0.0f;
   if (bias != NULL) {
     for (int64_t i = 0; i < N; i++) {
@@ -30,10 +39,12 @@ void tsr_kernel_matmul_forward(float *out, const float *x, const float *w, const
     beta = 1.0f;
   }
   tsr_kernel_gemm(out, x, w, N, OC, C, false, true, 1.0f, beta);
+  tsr_profile_end(TSR_KERNEL_GEMM, t0);
 }
 
 void tsr_kernel_matmul_backward(float *dx, float *dw, float *dbias, const float *dout,
                                 const float *x, const float *w, int N, int C, int OC) {
+  int64_t t0 = tsr_profile_begin();
   if (dx != NULL) tsr_kernel_gemm(dx, dout, w, N, C, OC, false, false, 1.0f, 1.0f);
   if (dw != NULL) tsr_kernel_gemm(dw, dout, x, OC, C, N, true, false, 1.0f, 1.0f);
   if (dbias != NULL) {
@@ -41,6 +52,7 @@ void tsr_kernel_matmul_backward(float *dx, float *dw, float *dbias, const float 
       for (int o = 0; o < OC; o++) dbias[o] += dout[i * OC + o];
     }
   }
+  tsr_profile_end(TSR_KERNEL_GEMM, t0);
 }
 
 static double now_seconds(void) {
@@ -70,13 +82,13 @@ double tsr_kernel_sgemm_peak_gflops(int threads, double seconds) {
   int saved = openblas_get_num_threads();
   openblas_set_num_threads(threads < 1 ? 1 : threads);
 
-  tsr_kernel_gemm(c, a, b, n, n, n, false, false, 1.0f, 0.0f); /* warm the pool and caches */
+  tsr_gemm_raw(c, a, b, n, n, n, false, false, 1.0f, 0.0f); /* warm the pool and caches */
   double flops = 2.0 * n * n * n;
   double best = 0.0;
   double start = now_seconds();
   do {
     double t0 = now_seconds();
-    tsr_kernel_gemm(c, a, b, n, n, n, false, false, 1.0f, 0.0f);
+    tsr_gemm_raw(c, a, b, n, n, n, false, false, 1.0f, 0.0f);
     double dt = now_seconds() - t0;
     if (dt > 0.0 && flops / dt > best) best = flops / dt;
   } while (now_seconds() - start < seconds);

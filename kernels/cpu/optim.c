@@ -1,6 +1,7 @@
 /* AdamW and global-norm gradient clipping. */
 #include <math.h>
 
+#include "internal.h"
 #include "tessera/kernels.h"
 
 /* One step of torch.optim.AdamW's single-tensor path (foreach=False, amsgrad=False), rounded the
@@ -23,6 +24,7 @@
  *  - addcmul is v + (value·g)·g, addcdiv is p + (value·m) / denom, in that association. */
 void tsr_kernel_adamw(float *param, const float *grad, float *m, float *v, int64_t n, int step,
                       double lr, double beta1, double beta2, double eps, double weight_decay) {
+  int64_t t0 = tsr_profile_begin();
   float decay = (float)(1.0 - lr * weight_decay);
   float w1 = (float)(1.0 - beta1);
   float b2 = (float)beta2;
@@ -44,18 +46,33 @@ void tsr_kernel_adamw(float *param, const float *grad, float *m, float *v, int64
     m[i] = mi;
     v[i] = vi;
   }
+  tsr_profile_end(TSR_KERNEL_OPTIM, t0);
 }
 
-double tsr_kernel_sum_squares(const float *x, int64_t n) {
+static double sum_squares_impl(const float *x, int64_t n) {
   double s = 0.0;
   for (int64_t i = 0; i < n; i++) s += (double)x[i] * x[i];
   return s;
 }
 
-double tsr_kernel_global_norm(const float *const *bufs, const int64_t *sizes, int nbufs) {
+double tsr_kernel_sum_squares(const float *x, int64_t n) {
+  int64_t t0 = tsr_profile_begin();
+  double r = sum_squares_impl(x, n);
+  tsr_profile_end(TSR_KERNEL_OPTIM, t0);
+  return r;
+}
+
+static double global_norm_impl(const float *const *bufs, const int64_t *sizes, int nbufs) {
   double s = 0.0;
   for (int b = 0; b < nbufs; b++) s += tsr_kernel_sum_squares(bufs[b], sizes[b]);
   return sqrt(s);
+}
+
+double tsr_kernel_global_norm(const float *const *bufs, const int64_t *sizes, int nbufs) {
+  int64_t t0 = tsr_profile_begin();
+  double r = global_norm_impl(bufs, sizes, nbufs);
+  tsr_profile_end(TSR_KERNEL_OPTIM, t0);
+  return r;
 }
 
 float tsr_kernel_clip_coef(double total_norm, double max_norm) {
@@ -64,5 +81,7 @@ float tsr_kernel_clip_coef(double total_norm, double max_norm) {
 }
 
 void tsr_kernel_scale(float *x, int64_t n, float s) {
+  int64_t t0 = tsr_profile_begin();
   for (int64_t i = 0; i < n; i++) x[i] *= s;
+  tsr_profile_end(TSR_KERNEL_OPTIM, t0);
 }
