@@ -15,19 +15,12 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
 #include "llama.h"
 #include "tessera/ops.h"
-#include "tessera/optim.h"
 #include "tessera/plugin.h"
 
-#define MAX_PARAMS 32
-#define MAX_DIMS   4
-
-typedef struct step_result {
-  tsr_tensor *logits, *loss;
-  int nparams;
-  tsr_tensor *grads[MAX_PARAMS], *after[MAX_PARAMS];
-} step_result;
+#define MAX_DIMS 4
 
 typedef struct cp_case {
   int ndim, shape[MAX_DIMS];
@@ -38,7 +31,7 @@ typedef struct cp_case {
   /* what the job file declares instead (0: the same), to reach the rules' own checks */
   int job_seq, job_kv_heads;
   const tsr_registry_t *reg;
-  step_result res; /* filled by rank 0 */
+  tsr_test_step_result res; /* filled by rank 0 */
   tsr_status st0;
   char msg0[1024];
 } cp_case;
@@ -88,48 +81,24 @@ static void job_text(const cp_case *c, char *buf, size_t len) {
            c->job_seq ? c->job_seq : c->seq);
 }
 
-/* Loads the case's plugins into a new registry; the status of the load, its message in msg. */
-static tsr_status load_plugins(cp_case *c, tsr_registry_t **reg, tsr_plugin_set_t **set, char *msg,
-                               size_t len) {
+/* Loads the case's plugins; the status of the load, its message in msg. */
+static tsr_status load_plugins(cp_case *c, tsr_test_plugins *out, char *msg, size_t len) {
   if (!c->batch) c->batch = 2;
   if (!c->seq) c->seq = 8;
   char text[2048];
   job_text(c, text, sizeof text);
-  tsr_config *cfg = NULL;
-  if (tsr_config_parse_string(text, "cp.ini", &cfg) != TSR_OK)
-    fail_msg("job does not parse: %s\n%s", tsr_last_error(), text);
-  assert_int_equal(tsr_registry_new(reg), TSR_OK);
-  tsr_status st = tsr_plugin_set_load(cfg, *reg, set);
+  tsr_status st = tsr_test_plugins_load(text, "cp.ini", out);
   snprintf(msg, len, "%s", st ? tsr_last_error() : "");
-  tsr_config_free(cfg);
   return st;
 }
 
 static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int V, int B, int L, bool labels,
                             tsr_var **out) {
-  int64_t shape[2] = {B, L};
-  tsr_tensor *t;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  int32_t *p = tsr_tensor_data(t);
+  int32_t p[512];
+  TSR_INVARIANT(B * L <= 512);
   for (int i = 0; i < B * L; i++)
     p[i] = labels && (i % 7 == 3 || i >= B * L - 3) ? -100 : (i * 5 + (labels ? 1 : 0) + i / 3) % V;
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  return tsr_var_new_leaf(d, false, NULL, out);
-}
-
-/* A copy that outlives the rank (not from its allocator). */
-static tsr_status keep_full(tsr_rank_t *r, const tsr_dtensor *x, bool me0, tsr_tensor **slot) {
-  tsr_tensor *full = NULL, *c = NULL;
-  TSR_CHECK(tsr_dtensor_full_tensor(r, x, &full));
-  tsr_status st = me0 ? tsr_tensor_cast(full, full->dtype, &c) : TSR_OK;
-  tsr_tensor_free(full);
-  if (me0) *slot = c;
-  return st;
+  return tsr_test_batch(r, m, B, L, p, out);
 }
 
 static tsr_status run_step(tsr_comm_t *comm, void *arg) {
@@ -137,10 +106,8 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   tsr_rank_t *r = NULL;
   tsr_mesh_t *m = NULL;
   tsr_llama_t *model = NULL;
-  tsr_tape_t *t = NULL;
-  tsr_adamw_t *opt = NULL;
-  tsr_var *ids = NULL, *labels = NULL, *logits, *loss, *params[MAX_PARAMS];
-  bool me0 = tsr_comm_rank(comm) == 0;
+  tsr_var *ids = NULL, *labels = NULL;
+  bool me0 = tsr_comm_rank(comm) == 0, in_model = false;
   tsr_status st = TSR_OK;
   tsr_llama_config mc = model_cfg(c);
   TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
@@ -148,59 +115,19 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(tsr_llama_new(r, m, &mc, 7, &model), st);
   TSR_CHECK_GOTO(batch_var(r, m, mc.vocab_size, c->batch, c->seq, false, &ids), st);
   TSR_CHECK_GOTO(batch_var(r, m, mc.vocab_size, c->batch, c->seq, true, &labels), st);
-  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
-  st = tsr_llama_forward(model, t, ids, labels, &logits, &loss);
-  if (st == TSR_OK) st = tsr_tape_backward(t, loss);
+  st = tsr_test_step(r, m, model, ids, labels, 1e-2, NULL, NULL, &c->res, &in_model);
   if (me0) {
-    c->st0 = st;
-    snprintf(c->msg0, sizeof c->msg0, "%s", st ? tsr_last_error() : "");
+    c->st0 = in_model ? st : TSR_OK;
+    snprintf(c->msg0, sizeof c->msg0, "%s", in_model ? tsr_last_error() : "");
   }
-  if (st != TSR_OK) {
-    st = TSR_OK; /* an expected failure is inspected by the test */
-    goto cleanup;
-  }
-  TSR_CHECK_GOTO(keep_full(r, logits->value, me0, &c->res.logits), st);
-  TSR_CHECK_GOTO(keep_full(r, loss->value, me0, &c->res.loss), st);
-  int n = tsr_llama_param_count(model);
-  if (me0) c->res.nparams = n;
-  for (int i = 0; i < n; i++) {
-    params[i] = tsr_llama_param(model, i);
-    TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
-    TSR_CHECK_GOTO(keep_full(r, params[i]->grad, me0, &c->res.grads[i]), st);
-  }
-  tsr_adamw_config oc = {0.9, 0.95, 1e-8, 0.1};
-  TSR_CHECK_GOTO(tsr_adamw_new(r, n, params, &oc, &opt), st);
-  TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-2), st);
-  for (int i = 0; i < n; i++)
-    TSR_CHECK_GOTO(keep_full(r, params[i]->value, me0, &c->res.after[i]), st);
+  if (in_model) st = TSR_OK; /* an expected failure is inspected by the test */
 cleanup:
-  tsr_adamw_free(opt);
-  tsr_tape_free(t);
   tsr_var_free(ids);
   tsr_var_free(labels);
   tsr_llama_free(model);
   tsr_mesh_free(m);
   tsr_rank_free(r);
   return st;
-}
-
-static void result_free(step_result *s) {
-  tsr_tensor_free(s->logits);
-  tsr_tensor_free(s->loss);
-  for (int i = 0; i < s->nparams; i++) {
-    tsr_tensor_free(s->grads[i]);
-    tsr_tensor_free(s->after[i]);
-  }
-}
-
-static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what, int k) {
-  assert_non_null(a);
-  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
-  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
-  for (int64_t i = 0; i < tsr_tensor_numel(a); i++)
-    if (!(fabsf(x[i] - y[i]) <= 1e-4f + 1e-4f * fabsf(y[i])))
-      fail_msg("%s %d [%lld]: %.8g on the mesh, %.8g on one rank", what, k, (long long)i, x[i],
-               y[i]);
 }
 
 static int world_of(const cp_case *c) {
@@ -211,30 +138,22 @@ static int world_of(const cp_case *c) {
 
 /* Runs the case on its mesh with its plugins and on one rank without; compares everything. */
 static void compare_with_one_rank(cp_case *c) {
-  tsr_registry_t *reg = NULL;
-  tsr_plugin_set_t *set = NULL;
+  tsr_test_plugins plugins;
   char msg[1024];
-  if (load_plugins(c, &reg, &set, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
+  if (load_plugins(c, &plugins, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
   cp_case one = *c;
   one.ndim = 1;
   one.shape[0] = 1;
   one.names[0] = "dp";
   one.reg = NULL;
-  c->reg = reg;
+  c->reg = plugins.reg;
   if (tsr_local_launch(1, 60.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
   if (tsr_local_launch(world_of(c), 60.0, run_step, c) != TSR_OK) fail_msg("%s", tsr_last_error());
   if (c->st0 != TSR_OK) fail_msg("%s", c->msg0);
-  assert_int_equal(c->res.nparams, one.res.nparams);
-  expect_close(c->res.logits, one.res.logits, "logits", 0);
-  expect_close(c->res.loss, one.res.loss, "loss", 0);
-  for (int i = 0; i < one.res.nparams; i++) {
-    expect_close(c->res.grads[i], one.res.grads[i], "grad", i);
-    expect_close(c->res.after[i], one.res.after[i], "after", i);
-  }
-  result_free(&one.res);
-  result_free(&c->res);
-  tsr_plugin_set_free(set);
-  tsr_registry_free(reg);
+  tsr_test_step_expect_close(&c->res, &one.res, 1e-4f, 1e-4f);
+  tsr_test_step_result_free(&one.res);
+  tsr_test_step_result_free(&c->res);
+  tsr_test_plugins_free(&plugins);
 }
 
 #define CASE(...) ((cp_case){__VA_ARGS__})
@@ -301,12 +220,10 @@ static void test_tp2_ulysses2_ring2(void **s) {
 /* ---- errors ---- */
 
 static void load_fails(cp_case c, const char *want) {
-  tsr_registry_t *reg = NULL;
-  tsr_plugin_set_t *set = NULL;
+  tsr_test_plugins plugins;
   char msg[1024];
-  tsr_status st = load_plugins(&c, &reg, &set, msg, sizeof msg);
-  tsr_plugin_set_free(set);
-  tsr_registry_free(reg);
+  tsr_status st = load_plugins(&c, &plugins, msg, sizeof msg);
+  if (st == TSR_OK) tsr_test_plugins_free(&plugins);
   if (st != TSR_EINVAL) fail_msg("status %s, expected EINVAL: %s", tsr_status_name(st), msg);
   if (!strstr(msg, want)) fail_msg("message\n  %s\nlacks\n  %s", msg, want);
 }
@@ -341,16 +258,14 @@ static void test_plan_errors(void **s) {
 
 /* A run whose sequence the plugins were not told about still fails clearly, in the rules. */
 static void run_fails(cp_case c, const char *want) {
-  tsr_registry_t *reg = NULL;
-  tsr_plugin_set_t *set = NULL;
+  tsr_test_plugins plugins;
   char msg[1024];
-  if (load_plugins(&c, &reg, &set, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
-  c.reg = reg;
+  if (load_plugins(&c, &plugins, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
+  c.reg = plugins.reg;
   if (tsr_local_launch(world_of(&c), 60.0, run_step, &c) != TSR_OK)
     fail_msg("%s", tsr_last_error());
-  result_free(&c.res);
-  tsr_plugin_set_free(set);
-  tsr_registry_free(reg);
+  tsr_test_step_result_free(&c.res);
+  tsr_test_plugins_free(&plugins);
   if (c.st0 == TSR_OK) fail_msg("the run succeeded; expected: %s", want);
   if (!strstr(c.msg0, want)) fail_msg("message\n  %s\nlacks\n  %s", c.msg0, want);
 }
@@ -426,14 +341,12 @@ static uint64_t attention_bytes(const char *dim, int n, int B, int L, int Hq, in
   } arg = {{dim, n, B, L, Hq, Hkv, D, 0}, NULL};
   cp_case jc = CASE(.ndim = 1, .shape = {n}, .names = {dim}, .heads = Hq, .kv_heads = Hkv, .seq = L,
                     .batch = B);
-  tsr_registry_t *reg = NULL;
-  tsr_plugin_set_t *set = NULL;
+  tsr_test_plugins plugins;
   char msg[1024];
-  if (load_plugins(&jc, &reg, &set, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
-  arg.reg = reg;
+  if (load_plugins(&jc, &plugins, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
+  arg.reg = plugins.reg;
   if (tsr_local_launch(n, 60.0, run_attention, &arg) != TSR_OK) fail_msg("%s", tsr_last_error());
-  tsr_plugin_set_free(set);
-  tsr_registry_free(reg);
+  tsr_test_plugins_free(&plugins);
   return arg.c.bytes;
 }
 

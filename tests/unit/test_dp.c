@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
 #include "llama.h"
 #include "tessera/ops.h"
 #include "tessera/optim.h"
@@ -58,29 +59,17 @@ typedef struct dp_case {
 /* Tokens of step `step` (1-based): different batches per step, some labels ignored. */
 static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, const dp_case *dc, int step,
                             bool labels, tsr_var **out) {
-  int64_t shape[2] = {dc->batch, dc->seq};
-  tsr_tensor *t;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  int32_t *p = tsr_tensor_data(t);
+  int32_t p[512];
   int n = dc->batch * dc->seq, V = dc->cfg.vocab_size;
+  TSR_INVARIANT(n <= 512);
   for (int i = 0; i < n; i++)
     p[i] = labels && (i % 7 == 3 || i >= n - 3) ? -100 : (i * 5 + step * 3 + (labels ? 1 : 0)) % V;
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  return tsr_var_new_leaf(d, false, NULL, out);
+  return tsr_test_batch(r, m, dc->batch, dc->seq, p, out);
 }
 
-/* A copy that outlives the rank (not from its allocator). */
+/* A copy that outlives the rank (not from its allocator), kept by rank 0. */
 static tsr_status keep(tsr_rank_t *r, const tsr_dtensor *x, bool me0, tsr_tensor **out) {
-  tsr_tensor *full = NULL;
-  TSR_CHECK(tsr_dtensor_full_tensor(r, x, &full));
-  tsr_status st = me0 ? tsr_tensor_cast(full, full->dtype, out) : TSR_OK;
-  tsr_tensor_free(full);
-  return st;
+  return tsr_test_keep_full(r, NULL, x, me0, out);
 }
 
 static int64_t local_bytes(const tsr_dtensor *x) {
@@ -175,23 +164,12 @@ static void result_free(run_result *s) {
 }
 
 static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what, int k) {
-  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
-  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
-  for (int64_t i = 0; i < tsr_tensor_numel(a); i++)
-    if (!(fabsf(x[i] - y[i]) <= 1e-5f + 1e-4f * fabsf(y[i])))
-      fail_msg("%s %d [%lld]: %.8g on the mesh, %.8g on one rank", what, k, (long long)i, x[i],
-               y[i]);
+  tsr_test_expect_close(a, b, 1e-4f, 1e-5f, what, k);
 }
 
 /* The job's plugins, loaded as `tessera run` loads them. */
-typedef struct loaded {
-  tsr_config *cfg;
-  tsr_registry_t *reg;
-  tsr_plugin_set_t *set;
-} loaded;
-
 static void load(const char *mesh_dims, const char *mesh_shape, const char *plugins,
-                 const char *dp_section, const tsr_llama_config *c, loaded *out) {
+                 const char *dp_section, const tsr_llama_config *c, tsr_test_plugins *out) {
   char text[1024];
   snprintf(text, sizeof text,
            "[mesh]\ndims = %s\nshape = %s\n[plugins]\nload = %s\n[model]\nvocab_size = %d\n"
@@ -200,17 +178,7 @@ static void load(const char *mesh_dims, const char *mesh_shape, const char *plug
            mesh_dims, mesh_shape, plugins, c->vocab_size, c->hidden_size, c->intermediate_size,
            c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads,
            dp_section ? dp_section : "");
-  if (tsr_config_parse_string(text, "dp.ini", &out->cfg) != TSR_OK)
-    fail_msg("%s", tsr_last_error());
-  assert_int_equal(tsr_registry_new(&out->reg), TSR_OK);
-  if (tsr_plugin_set_load(out->cfg, out->reg, &out->set) != TSR_OK)
-    fail_msg("%s", tsr_last_error());
-}
-
-static void unload(loaded *l) {
-  tsr_registry_free(l->reg);
-  tsr_plugin_set_free(l->set);
-  tsr_config_free(l->cfg);
+  if (tsr_test_plugins_load(text, "dp.ini", out) != TSR_OK) fail_msg("%s", tsr_last_error());
 }
 
 /* Runs the mesh given by a job's dims and shape and the 1-rank reference, compares them, and
@@ -218,7 +186,7 @@ static void unload(loaded *l) {
 static void run_case(const char *dims, const char *shape, const char *plugins, const char *section,
                      int batch, int seq, const tsr_llama_config *c, run_result *many_out,
                      run_result *one_out) {
-  loaded l = {0};
+  tsr_test_plugins l = {0};
   load(dims, shape, plugins, section, c, &l);
   dp_case one = {.ndim = 1, .shape = {1}, .names = {"dp"}, .batch = batch, .seq = seq, .cfg = *c};
   dp_case many = {.reg = l.reg, .ndim = l.cfg->mesh.ndim, .batch = batch, .seq = seq, .cfg = *c};
@@ -239,7 +207,7 @@ static void run_case(const char *dims, const char *shape, const char *plugins, c
     expect_close(many.res.after[i], one.res.after[i], "parameter after step 1", i);
   }
   expect_close(many.res.last_loss, one.res.last_loss, "loss after 5 steps", STEPS);
-  unload(&l);
+  tsr_test_plugins_free(&l);
   if (many_out)
     *many_out = many.res;
   else

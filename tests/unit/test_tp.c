@@ -15,13 +15,12 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
 #include "llama.h"
 #include "tessera/ops.h"
-#include "tessera/optim.h"
 #include "tessera/plugin.h"
 
-#define MAX_PARAMS 64
-#define MAX_RANKS  8
+#define MAX_RANKS 8
 
 typedef struct tp_case {
   int dp, tp;
@@ -30,8 +29,7 @@ typedef struct tp_case {
   int batch, seq;
   /* filled by the run */
   tsr_registry_t *reg;
-  tsr_tensor *logits, *loss, *grads[MAX_PARAMS], *after[MAX_PARAMS];
-  int nparams;
+  tsr_test_step_result res;
   uint64_t tp_bytes[MAX_RANKS]; /* per rank: forward, backward and gradient resolution */
 } tp_case;
 
@@ -105,31 +103,19 @@ static uint64_t expected_tp_bytes(const tp_case *c, int i, int64_t B) {
 
 static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, const tp_case *c, bool labels,
                             tsr_var **out) {
-  int64_t shape[2] = {c->batch, c->seq};
-  tsr_tensor *t;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  int32_t *p = tsr_tensor_data(t);
+  int32_t p[512];
   int V = c->cfg.vocab_size, n = c->batch * c->seq;
+  TSR_INVARIANT(n <= 512);
   /* ids spread over the whole vocabulary, so every vocabulary shard sees targets */
   for (int i = 0; i < n; i++)
     p[i] =
         labels && (i % 5 == 2 || i == n - 1) ? -100 : (int32_t)((i * 37 + (labels ? 11 : 3)) % V);
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  return tsr_var_new_leaf(d, false, NULL, out);
+  return tsr_test_batch(r, m, c->batch, c->seq, p, out);
 }
 
-/* The full tensor of x, gathered, as a copy rank 0 keeps (others drop theirs). */
-static tsr_status keep_full(tsr_rank_t *r, const tsr_dtensor *x, bool keep, tsr_tensor **out) {
-  tsr_tensor *full = NULL;
-  TSR_CHECK(tsr_dtensor_full_tensor(r, x, &full));
-  tsr_status st = keep ? tsr_tensor_cast(full, TSR_F32, out) : TSR_OK;
-  tsr_tensor_free(full);
-  return st;
+static void record_tp_bytes(tsr_rank_t *r, void *arg) {
+  tp_case *c = arg;
+  c->tp_bytes[tsr_rank_id(r)] = tsr_comm_bytes(tsr_rank_comm(r), "tp");
 }
 
 static tsr_status run_step(tsr_comm_t *comm, void *arg) {
@@ -137,57 +123,25 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   tsr_rank_t *r = NULL;
   tsr_mesh_t *m = NULL;
   tsr_llama_t *lm = NULL;
-  tsr_tape_t *t = NULL;
-  tsr_adamw_t *opt = NULL;
-  tsr_var *ids = NULL, *labels = NULL, *logits, *loss;
-  bool me0 = tsr_comm_rank(comm) == 0;
+  tsr_var *ids = NULL, *labels = NULL;
   tsr_status st = TSR_OK;
   int shape[2] = {c->dp, c->tp};
   const char *names[2] = {"dp", "tp"};
+  bool in_model;
   TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), 2, shape, names, &m), st);
   TSR_CHECK_GOTO(tsr_llama_new(r, m, &c->cfg, 7, &lm), st);
   TSR_CHECK_GOTO(batch_var(r, m, c, false, &ids), st);
   TSR_CHECK_GOTO(batch_var(r, m, c, true, &labels), st);
-  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
   tsr_comm_bytes_reset(comm);
-  TSR_CHECK_GOTO(tsr_llama_forward(lm, t, ids, labels, &logits, &loss), st);
-  TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
-  int np = tsr_llama_param_count(lm);
-  tsr_var *params[MAX_PARAMS];
-  for (int i = 0; i < np; i++) {
-    params[i] = tsr_llama_param(lm, i);
-    TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
-  }
-  c->tp_bytes[tsr_comm_rank(comm)] = tsr_comm_bytes(comm, "tp");
-  if (me0) c->nparams = np;
-  TSR_CHECK_GOTO(keep_full(r, logits->value, me0, &c->logits), st);
-  TSR_CHECK_GOTO(keep_full(r, loss->value, me0, &c->loss), st);
-  for (int i = 0; i < np; i++) TSR_CHECK_GOTO(keep_full(r, params[i]->grad, me0, &c->grads[i]), st);
-  tsr_adamw_config ac = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-  TSR_CHECK_GOTO(tsr_adamw_new(r, np, params, &ac, &opt), st);
-  TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-3), st);
-  for (int i = 0; i < np; i++)
-    TSR_CHECK_GOTO(keep_full(r, params[i]->value, me0, &c->after[i]), st);
+  st = tsr_test_step(r, m, lm, ids, labels, 1e-3, record_tp_bytes, c, &c->res, &in_model);
 cleanup:
-  tsr_adamw_free(opt);
-  tsr_tape_free(t);
   tsr_var_free(ids);
   tsr_var_free(labels);
   tsr_llama_free(lm);
   tsr_mesh_free(m);
   tsr_rank_free(r);
   return st;
-}
-
-static void case_free(tp_case *c) {
-  tsr_tensor_free(c->logits);
-  tsr_tensor_free(c->loss);
-  for (int i = 0; i < c->nparams; i++) {
-    tsr_tensor_free(c->grads[i]);
-    tsr_tensor_free(c->after[i]);
-  }
-  tsr_registry_free(c->reg);
 }
 
 /* The job file a run of `c` corresponds to; `extra` is appended. No dp plugin is loaded: the
@@ -207,40 +161,17 @@ static void job_text(const tp_case *c, const char *extra, char *buf, size_t len)
            extra ? extra : "");
 }
 
-/* Loads the job's plugins into a new registry, as `tessera run` does. */
-static tsr_status load_plugins(const char *text, tsr_registry_t **reg, tsr_plugin_set_t **set) {
-  tsr_config *cfg = NULL;
-  TSR_CHECK(tsr_config_parse_string(text, "job.ini", &cfg));
-  tsr_status st = tsr_registry_new(reg);
-  if (st == TSR_OK) st = tsr_plugin_set_load(cfg, *reg, set);
-  tsr_config_free(cfg);
-  return st;
-}
-
-static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what, int k) {
-  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
-  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
-  for (int64_t i = 0; i < tsr_tensor_numel(a); i++)
-    if (!(fabsf(x[i] - y[i]) <= 1e-4f + 1e-4f * fabsf(y[i])))
-      fail_msg("%s %d [%lld]: %.8g with tp, %.8g on one rank", what, k, (long long)i, x[i], y[i]);
-}
-
 static void run_and_compare(tp_case many) {
   tp_case one = {.dp = 1, .tp = 1, .cfg = many.cfg, .batch = many.batch, .seq = many.seq};
   if (tsr_local_launch(1, 60.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
   char text[1024];
   job_text(&many, NULL, text, sizeof text);
-  tsr_plugin_set_t *set = NULL;
-  if (load_plugins(text, &many.reg, &set) != TSR_OK) fail_msg("%s", tsr_last_error());
+  tsr_test_plugins plugins;
+  if (tsr_test_plugins_load(text, "job.ini", &plugins) != TSR_OK) fail_msg("%s", tsr_last_error());
+  many.reg = plugins.reg;
   int world = many.dp * many.tp;
   if (tsr_local_launch(world, 60.0, run_step, &many) != TSR_OK) fail_msg("%s", tsr_last_error());
-  expect_close(many.logits, one.logits, "logits", 0);
-  expect_close(many.loss, one.loss, "loss", 0);
-  assert_int_equal(many.nparams, one.nparams);
-  for (int i = 0; i < one.nparams; i++) {
-    expect_close(many.grads[i], one.grads[i], "gradient of parameter", i);
-    expect_close(many.after[i], one.after[i], "after the step, parameter", i);
-  }
+  tsr_test_step_expect_close(&many.res, &one.res, 1e-4f, 1e-4f);
   for (int rank = 0; rank < world; rank++) {
     int d = rank / many.tp, i = rank % many.tp;
     uint64_t want = expected_tp_bytes(&many, i, ch(many.batch, many.dp, d));
@@ -248,9 +179,9 @@ static void run_and_compare(tp_case many) {
       fail_msg("rank %d (tp %d): %llu bytes on tp, the formula says %llu", rank, i,
                (unsigned long long)many.tp_bytes[rank], (unsigned long long)want);
   }
-  tsr_plugin_set_free(set);
-  case_free(&one);
-  case_free(&many);
+  tsr_test_step_result_free(&one.res);
+  tsr_test_step_result_free(&many.res);
+  tsr_test_plugins_free(&plugins);
 }
 
 /* ---- tp ---- */
@@ -364,14 +295,12 @@ static void test_dp2_sp2(void **s) {
 static void load_fails(tp_case c, const char *want, const char *fix) {
   char text[1024];
   job_text(&c, NULL, text, sizeof text);
-  tsr_plugin_set_t *set = NULL;
-  tsr_status st = load_plugins(text, &c.reg, &set);
-  if (st == TSR_OK) fail_msg("the job loaded; expected: %s", want);
+  tsr_test_plugins plugins;
+  if (tsr_test_plugins_load(text, "job.ini", &plugins) == TSR_OK)
+    fail_msg("the job loaded; expected: %s", want);
   if (!strstr(tsr_last_error(), want))
     fail_msg("message\n  %s\nlacks\n  %s", tsr_last_error(), want);
   if (!strstr(tsr_last_error(), fix)) fail_msg("message\n  %s\nlacks\n  %s", tsr_last_error(), fix);
-  tsr_plugin_set_free(set);
-  tsr_registry_free(c.reg);
 }
 
 static void test_plan_time_errors(void **s) {
@@ -404,11 +333,9 @@ static void test_loss_parallel_key_is_checked(void **s) {
   char *lp = strstr(text, "loss_parallel = false");
   assert_non_null(lp);
   memcpy(lp, "loss_parallel = maybe", strlen("loss_parallel = maybe"));
-  tsr_plugin_set_t *set = NULL;
-  assert_int_not_equal(load_plugins(text, &c.reg, &set), TSR_OK);
+  tsr_test_plugins plugins;
+  assert_int_not_equal(tsr_test_plugins_load(text, "job.ini", &plugins), TSR_OK);
   assert_non_null(strstr(tsr_last_error(), "loss_parallel"));
-  tsr_plugin_set_free(set);
-  tsr_registry_free(c.reg);
 }
 
 int main(void) {
