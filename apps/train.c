@@ -177,10 +177,14 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
   return TSR_OK;
 }
 
-static int64_t max_peak(tsr_train_rank *t, tsr_group_t *all) {
-  int64_t mine = (int64_t)tsr_rank_allocator(t->r)->peak_bytes, worst = mine;
-  if (tsr_comm_all_reduce(all, &mine, &worst, 1, TSR_I64, TSR_REDUCE_MAX) != TSR_OK) return mine;
-  return worst;
+/* The allocator peak of the least and the most loaded rank (pipeline stages and uneven shards
+ * differ). Collective over `all`. */
+static void peak_range(tsr_train_rank *t, tsr_group_t *all, int64_t *lo, int64_t *hi) {
+  int64_t mine = (int64_t)tsr_rank_allocator(t->r)->peak_bytes;
+  int64_t v[2] = {mine, -mine}, r[2] = {mine, -mine};
+  if (tsr_comm_all_reduce(all, v, r, 2, TSR_I64, TSR_REDUCE_MAX) != TSR_OK) r[0] = r[1] = 0;
+  *hi = r[0];
+  *lo = -r[1];
 }
 
 /* Rank 0 prints every rank's state bytes as measured after the first step. Collective. */
@@ -258,9 +262,14 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
       tsr_train_dump_free(&dump);
       TSR_CHECK_GOTO(agree(all, st), st);
     }
-    tsr_train_step_stats s = {step, loss, lr, gnorm, now_s() - t0, 0, train};
+    tsr_train_step_stats s = {.step = step,
+                              .loss = loss,
+                              .lr = lr,
+                              .grad_norm = gnorm,
+                              .secs = now_s() - t0,
+                              .train = train};
     if (lead) tsr_train_log_comm(&ctx->log, tsr_rank_comm(t->r));
-    s.peak_bytes = max_peak(t, all);
+    peak_range(t, all, &s.peak_bytes_min, &s.peak_bytes);
     if (lead) tsr_train_log_step(&ctx->log, &s);
   }
   if (lead) tsr_train_log_end(&ctx->log);

@@ -111,9 +111,10 @@ void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
     fprintf(l->out,
             "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"secs\": %.6f, "
             "\"tokens_per_s\": %.1f, \"flops_per_s\": %.6g, \"mfu\": %.4f, \"peak_bytes\": %lld, "
+            "\"peak_bytes_min\": %lld, "
             "\"comm\": \"%s\"}\n",
             (long long)s->step, s->loss, s->lr, s->grad_norm, s->secs, tps, flops, mfu,
-            (long long)s->peak_bytes, l->comm);
+            (long long)s->peak_bytes, (long long)s->peak_bytes_min, l->comm);
     fflush(l->out);
     return;
   }
@@ -125,8 +126,16 @@ void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
   n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f tok/s  %s", tps,
                 flops_str(flops, fb, sizeof fb));
   if (mfu >= 0) n += snprintf(line + n, sizeof line - (size_t)n, "  MFU %.1f%%", 100 * mfu);
-  n += snprintf(line + n, sizeof line - (size_t)n, "  peak %s  comm %s",
-                bytes_str((double)s->peak_bytes, mb, sizeof mb), l->comm[0] ? l->comm : "-");
+  if (s->peak_bytes_min != s->peak_bytes) {
+    char lo[32];
+    n += snprintf(line + n, sizeof line - (size_t)n, "  peak/rank %s..%s",
+                  bytes_str((double)s->peak_bytes_min, lo, sizeof lo),
+                  bytes_str((double)s->peak_bytes, mb, sizeof mb));
+  } else {
+    n += snprintf(line + n, sizeof line - (size_t)n, "  peak/rank %s",
+                  bytes_str((double)s->peak_bytes, mb, sizeof mb));
+  }
+  n += snprintf(line + n, sizeof line - (size_t)n, "  comm %s", l->comm[0] ? l->comm : "-");
   if (!l->progress) {
     fprintf(l->out, "%s\n", line);
   } else {

@@ -30,7 +30,8 @@ typedef struct tsr_train_step_stats {
   int64_t step;
   double loss, lr, grad_norm;
   double secs;
-  int64_t peak_bytes; /* max over ranks */
+  int64_t peak_bytes;     /* allocator peak, max over ranks */
+  int64_t peak_bytes_min; /* allocator peak, min over ranks */
   bool train;
 } tsr_train_step_stats;
 
