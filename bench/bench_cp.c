@@ -21,8 +21,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "llama.h"
 #include "tessera/kernels.h"
 #include "tessera/ops.h"
@@ -50,12 +50,6 @@ typedef struct run {
   uint64_t step_bytes; /* rank 0, one training step, on `dim` */
   uint64_t param_bytes;
 } run;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static tsr_status placed_var(tsr_rank_t *r, const tsr_mesh_t *m, tsr_dtype dt, int ndim,
                              const int64_t *shape, bool grad, int seed, tsr_var **out) {
@@ -125,13 +119,13 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
   if (me0) b->attn_s = 1e30;
   for (int rep = 0; rep <= b->reps; rep++) {
     TSR_CHECK_GOTO(tsr_comm_barrier(all), st);
-    double t0 = now_s();
+    double t0 = tsr_bench_now();
     TSR_CHECK_GOTO(tsr_op_sdpa(t, q, k, v, true, &o), st);
     tsr_dtensor *g = NULL;
     TSR_CHECK_GOTO(tsr_dtensor_clone(r, o->value, &g), st);
     TSR_CHECK_GOTO(tsr_tape_backward_with(t, o, g), st);
     TSR_CHECK_GOTO(tsr_comm_barrier(all), st);
-    double dt = now_s() - t0;
+    double dt = tsr_bench_now() - t0;
     if (me0 && rep > 0 && dt < b->attn_s) b->attn_s = dt;
     tsr_var_zero_grad(q);
     tsr_var_zero_grad(k);
@@ -180,7 +174,7 @@ cleanup:
   return st;
 }
 
-static tsr_status load(const run *b, tsr_registry_t **reg, tsr_plugin_set_t **set) {
+static tsr_status load(const run *b, tsr_bench_plugins *out) {
   char text[1024];
   bool ring = strcmp(b->dim, "ring_cp") == 0;
   snprintf(text, sizeof text,
@@ -192,12 +186,7 @@ static tsr_status load(const run *b, tsr_registry_t **reg, tsr_plugin_set_t **se
            ring ? "[strategy.cp_ring]\nload_balance = " : "", ring ? b->balance : "",
            ring ? "\n" : "", preset.vocab_size, preset.hidden_size, preset.intermediate_size,
            preset.num_hidden_layers, preset.num_attention_heads, preset.num_key_value_heads, B, L);
-  tsr_config *cfg = NULL;
-  TSR_CHECK(tsr_config_parse_string(text, "bench_cp", &cfg));
-  tsr_status st = tsr_registry_new(reg);
-  if (st == TSR_OK) st = tsr_plugin_set_load(cfg, *reg, set);
-  tsr_config_free(cfg);
-  return st;
+  return tsr_bench_plugins_load(text, "bench_cp", out);
 }
 
 /* Bytes of rank 0's all-reduce of `count` elements of `size` bytes over n, as comm.h counts. */
@@ -241,19 +230,17 @@ int main(int argc, char **argv) {
   };
   int nruns = (int)(sizeof runs / sizeof runs[0]), rc = 0;
   for (int k = 0; k < nruns && rc == 0; k++) {
-    tsr_registry_t *reg = NULL;
-    tsr_plugin_set_t *set = NULL;
-    if (runs[k].dim && load(&runs[k], &reg, &set) != TSR_OK) {
+    tsr_bench_plugins plugins = {0};
+    if (runs[k].dim && load(&runs[k], &plugins) != TSR_OK) {
       fprintf(stderr, "bench_cp: %s\n", tsr_last_error());
       rc = 1;
     }
-    runs[k].reg = reg;
+    runs[k].reg = plugins.reg;
     if (rc == 0 && tsr_local_launch(runs[k].n, 1200.0, bench_rank, &runs[k]) != TSR_OK) {
       fprintf(stderr, "bench_cp: %s: %s\n", runs[k].name, tsr_last_error());
       rc = 1;
     }
-    tsr_plugin_set_free(set);
-    tsr_registry_free(reg);
+    tsr_bench_plugins_free(&plugins);
   }
   if (rc) return rc;
   int D = preset.hidden_size / preset.num_attention_heads;

@@ -18,8 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "llama.h"
 #include "tessera/kernels.h"
 #include "tessera/optim.h"
@@ -38,30 +38,6 @@ typedef struct bench_run {
   int64_t peak, state; /* rank 0 */
   float loss;
 } bench_run;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* Tokens of the global batch, the same on every rank (the model splits them). */
-static tsr_status tokens(tsr_rank_t *r, const tsr_mesh_t *m, const bench_run *b, int shift,
-                         tsr_var **out) {
-  int64_t shape[2] = {b->batch, b->seq};
-  tsr_tensor *t;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  int32_t *p = tsr_tensor_data(t);
-  for (int i = 0; i < b->batch * b->seq; i++)
-    p[i] = (int32_t)((1103515245u * (unsigned)(i + shift) + 12345u) % (unsigned)b->cfg.vocab_size);
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d = NULL;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  return tsr_var_new_leaf(d, false, NULL, out);
-}
 
 static int64_t bytes_of(const tsr_dtensor *x) {
   return x && x->local ? (int64_t)tsr_tensor_nbytes(x->local) : 0;
@@ -90,13 +66,13 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
   tsr_adamw_config oc = {0.9, 0.95, 1e-8, 0.1};
   TSR_CHECK_GOTO(tsr_adamw_new(r, n, params, &oc, &opt), st);
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
-  TSR_CHECK_GOTO(tokens(r, m, b, 0, &ids), st);
-  TSR_CHECK_GOTO(tokens(r, m, b, 1, &labels), st);
+  TSR_CHECK_GOTO(tsr_bench_tokens(r, m, b->batch, b->seq, b->cfg.vocab_size, 0, &ids), st);
+  TSR_CHECK_GOTO(tsr_bench_tokens(r, m, b->batch, b->seq, b->cfg.vocab_size, 1, &labels), st);
   b->step_s = 1e30;
   for (int step = 0; step <= b->steps; step++) { /* step 0 warms up */
     TSR_CHECK_GOTO(tsr_comm_barrier(all), st);
     tsr_comm_bytes_reset(comm);
-    double t0 = now_s();
+    double t0 = tsr_bench_now();
     TSR_CHECK_GOTO(tsr_llama_forward(model, t, ids, labels, &logits, &loss), st);
     TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
     tsr_tensor *full = NULL; /* the loss is a Partial sum over the batch shards */
@@ -108,7 +84,7 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_clip_grad_norm(r, m, n, params, 1.0, &norm), st);
     TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-4), st);
     tsr_tape_reset(t);
-    float dt = (float)(now_s() - t0), worst = dt;
+    float dt = (float)(tsr_bench_now() - t0), worst = dt;
     uint64_t bytes = tsr_comm_bytes(comm, name);
     if (lead && step == b->steps) {
       b->state = 0;
@@ -134,15 +110,12 @@ cleanup:
 }
 
 /* The dp plugin loaded for a one-dim mesh, as `tessera run` loads it for a job. */
-static tsr_status load_dp(const char *dim, int n, double bucket_mb, tsr_config **cfg,
-                          tsr_registry_t **reg, tsr_plugin_set_t **set) {
+static tsr_status load_dp(const char *dim, int n, double bucket_mb, tsr_bench_plugins *out) {
   char text[512];
   snprintf(text, sizeof text,
            "[mesh]\ndims = %s\nshape = %d\n[plugins]\nload = dp\n[strategy.dp]\nbucket_mb = %g\n",
            dim, n, bucket_mb);
-  TSR_CHECK(tsr_config_parse_string(text, "bench_dp.ini", cfg));
-  TSR_CHECK(tsr_registry_new(reg));
-  return tsr_plugin_set_load(*cfg, *reg, set);
+  return tsr_bench_plugins_load(text, "bench_dp.ini", out);
 }
 
 static double mib(int64_t bytes) {
@@ -170,14 +143,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_dp: --steps >= 1, --threads >= 2 (the dp degree), --layers >= 1\n");
     return 2;
   }
-  tsr_llama_config cfg = {.vocab_size = 8192,
-                          .hidden_size = 512,
-                          .intermediate_size = 1408,
-                          .num_hidden_layers = layers,
-                          .num_attention_heads = 8,
-                          .num_key_value_heads = 8,
-                          .rms_norm_eps = 1e-5f,
-                          .rope_theta = 10000.0f};
+  tsr_llama_config cfg = tsr_bench_preset;
+  cfg.num_hidden_layers = layers;
   int64_t P = tsr_llama_num_params(&cfg);
   int n = threads;
   bench_run runs[3] = {
@@ -191,9 +158,7 @@ int main(int argc, char **argv) {
     runs[k].seq = 256;
     runs[k].cfg = cfg;
   }
-  tsr_config *cfgs[3] = {0};
-  tsr_registry_t *regs[3] = {0};
-  tsr_plugin_set_t *sets[3] = {0};
+  tsr_bench_plugins plugins[3] = {0};
   printf("bench_dp: %lld parameters (%.1f MiB f32), batch 4 x 256 tokens, %d timed step(s), "
          "buckets of %g MiB\n",
          (long long)P, mib(P * 4), steps, bucket_mb);
@@ -203,12 +168,12 @@ int main(int argc, char **argv) {
   int code = 0;
   for (int k = 0; k < 3; k++) {
     bench_run *b = &runs[k];
-    if (b->dim && load_dp(b->dim, n, bucket_mb, &cfgs[k], &regs[k], &sets[k]) != TSR_OK) {
+    if (b->dim && load_dp(b->dim, n, bucket_mb, &plugins[k]) != TSR_OK) {
       fprintf(stderr, "bench_dp: %s\n", tsr_last_error());
       code = 1;
       break;
     }
-    b->reg = regs[k];
+    b->reg = plugins[k].reg;
     if (tsr_local_launch(b->ranks, 600.0, bench_rank, b) != TSR_OK) {
       fprintf(stderr, "bench_dp: %s: %s\n", b->name, tsr_last_error());
       code = 1;
@@ -230,10 +195,6 @@ int main(int argc, char **argv) {
            runs[k].dim ? runs[k].dim : "single", runs[k].ranks, runs[k].step_s,
            (unsigned long long)runs[k].dp_bytes, (long long)(P * 4), runs[k].loss,
            (long long)runs[k].state, (long long)runs[k].peak);
-  for (int k = 0; k < 3; k++) {
-    tsr_registry_free(regs[k]);
-    tsr_plugin_set_free(sets[k]);
-    tsr_config_free(cfgs[k]);
-  }
+  for (int k = 0; k < 3; k++) tsr_bench_plugins_free(&plugins[k]);
   return code;
 }

@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "bench_util.h"
 #include "llama.h"
 #include "tessera/kernels.h"
 #include "tessera/optim.h"
@@ -26,15 +26,6 @@
 #include "tessera/tessera.h"
 
 #define MAX_PARAMS 128
-
-static const tsr_llama_config preset = {.vocab_size = 8192,
-                                        .hidden_size = 512,
-                                        .intermediate_size = 1408,
-                                        .num_hidden_layers = 8,
-                                        .num_attention_heads = 8,
-                                        .num_key_value_heads = 8,
-                                        .rms_norm_eps = 1e-5f,
-                                        .rope_theta = 10000.0f};
 
 typedef struct run {
   const char *name;
@@ -44,28 +35,6 @@ typedef struct run {
   uint64_t tp_bytes; /* rank 0, per step */
   float loss;
 } run;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, const run *b, int shift,
-                            tsr_var **out) {
-  int64_t shape[2] = {b->batch, b->seq};
-  tsr_tensor *t;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  int32_t *p = tsr_tensor_data(t);
-  for (int i = 0; i < b->batch * b->seq; i++)
-    p[i] = (int32_t)(((uint32_t)(i + shift) * 2654435761u >> 7) % (uint32_t)preset.vocab_size);
-  tsr_placement rep[TSR_MAX_MESH_DIMS] = {tsr_replicate()};
-  tsr_dtensor *d;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  return tsr_var_new_leaf(d, false, NULL, out);
-}
 
 static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
   run *b = arg;
@@ -80,9 +49,11 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
   tsr_kernel_set_threads(b->threads);
   TSR_CHECK_GOTO(tsr_rank_new(comm, b->reg, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), 1, &b->tp, names, &m), st);
-  TSR_CHECK_GOTO(tsr_llama_new(r, m, &preset, 1, &lm), st);
-  TSR_CHECK_GOTO(batch_var(r, m, b, 0, &ids), st);
-  TSR_CHECK_GOTO(batch_var(r, m, b, 1, &labels), st);
+  TSR_CHECK_GOTO(tsr_llama_new(r, m, &tsr_bench_preset, 1, &lm), st);
+  TSR_CHECK_GOTO(tsr_bench_tokens(r, m, b->batch, b->seq, tsr_bench_preset.vocab_size, 0, &ids),
+                 st);
+  TSR_CHECK_GOTO(tsr_bench_tokens(r, m, b->batch, b->seq, tsr_bench_preset.vocab_size, 1, &labels),
+                 st);
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
   int np = tsr_llama_param_count(lm);
   for (int i = 0; i < np; i++) params[i] = tsr_llama_param(lm, i);
@@ -95,13 +66,13 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_mesh_group(m, comm, 1u, &all), st);
     TSR_CHECK_GOTO(tsr_comm_barrier(all), st);
     tsr_comm_bytes_reset(comm);
-    double t0 = now_s();
+    double t0 = tsr_bench_now();
     TSR_CHECK_GOTO(tsr_llama_forward(lm, t, ids, labels, &logits, &loss), st);
     TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
     for (int i = 0; i < np; i++) TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
     TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-4), st);
     TSR_CHECK_GOTO(tsr_comm_barrier(all), st);
-    double dt = now_s() - t0;
+    double dt = tsr_bench_now() - t0;
     if (me0 && s > 0 && dt < b->step_s) b->step_s = dt; /* step 0 warms up */
     if (me0) {
       b->tp_bytes = tsr_comm_bytes(comm, "tp");
@@ -121,24 +92,19 @@ cleanup:
   return st;
 }
 
-/* A registry with the job's plugins, as `tessera run` loads them. */
-static tsr_status load(int tp, bool sp, const run *b, tsr_registry_t **reg,
-                       tsr_plugin_set_t **set) {
+/* The job's plugins, as `tessera run` loads them. */
+static tsr_status load(int tp, bool sp, const run *b, tsr_bench_plugins *out) {
   char text[1024];
   snprintf(text, sizeof text,
            "[mesh]\ndims = tp\nshape = %d\n[plugins]\nload = %s\n[model]\nvocab_size = %d\n"
            "hidden_size = %d\nintermediate_size = %d\nnum_hidden_layers = %d\n"
            "num_attention_heads = %d\nnum_key_value_heads = %d\n[data]\nbatch_size = %d\n"
            "seq_len = %d\n",
-           tp, sp ? "tp, sp" : "tp", preset.vocab_size, preset.hidden_size,
-           preset.intermediate_size, preset.num_hidden_layers, preset.num_attention_heads,
-           preset.num_key_value_heads, b->batch, b->seq);
-  tsr_config *cfg = NULL;
-  TSR_CHECK(tsr_config_parse_string(text, "bench_tp", &cfg));
-  tsr_status st = tsr_registry_new(reg);
-  if (st == TSR_OK) st = tsr_plugin_set_load(cfg, *reg, set);
-  tsr_config_free(cfg);
-  return st;
+           tp, sp ? "tp, sp" : "tp", tsr_bench_preset.vocab_size, tsr_bench_preset.hidden_size,
+           tsr_bench_preset.intermediate_size, tsr_bench_preset.num_hidden_layers,
+           tsr_bench_preset.num_attention_heads, tsr_bench_preset.num_key_value_heads, b->batch,
+           b->seq);
+  return tsr_bench_plugins_load(text, "bench_tp", out);
 }
 
 int main(int argc, char **argv) {
@@ -162,16 +128,15 @@ int main(int argc, char **argv) {
       {"tp", threads, 1, steps, 4, 256, NULL, 0, 0, 0},
       {"tp+sp", threads, 1, steps, 4, 256, NULL, 0, 0, 0},
   };
-  tsr_registry_t *regs[3] = {NULL};
-  tsr_plugin_set_t *sets[3] = {NULL};
+  tsr_bench_plugins plugins[3] = {0};
   int rc = 0;
   for (int k = 0; k < 3 && rc == 0; k++) {
-    if (k > 0 && load(runs[k].tp, k == 2, &runs[k], &regs[k], &sets[k]) != TSR_OK) {
+    if (k > 0 && load(runs[k].tp, k == 2, &runs[k], &plugins[k]) != TSR_OK) {
       fprintf(stderr, "bench_tp: %s\n", tsr_last_error());
       rc = 1;
       break;
     }
-    runs[k].reg = regs[k];
+    runs[k].reg = plugins[k].reg;
     if (tsr_local_launch(runs[k].tp, 600.0, bench_rank, &runs[k]) != TSR_OK) {
       fprintf(stderr, "bench_tp: %s: %s\n", runs[k].name, tsr_last_error());
       rc = 1;
@@ -179,13 +144,14 @@ int main(int argc, char **argv) {
   }
   if (rc == 0) {
     int n = threads;
-    double X = 4.0 * runs[0].batch * runs[0].seq * preset.hidden_size;
-    double min = 4.0 * preset.num_hidden_layers * 2.0 * (n - 1) / n * X;
+    double X = 4.0 * runs[0].batch * runs[0].seq * tsr_bench_preset.hidden_size;
+    double min = 4.0 * tsr_bench_preset.num_hidden_layers * 2.0 * (n - 1) / n * X;
     double tokens = (double)runs[0].batch * runs[0].seq;
     printf("Llama preset: vocab %d, hidden %d, intermediate %d, %d layers, %d heads, %d kv heads, "
            "batch %d x seq %d; %d cores (tsr_kernel_num_cores: %d)\n",
-           preset.vocab_size, preset.hidden_size, preset.intermediate_size,
-           preset.num_hidden_layers, preset.num_attention_heads, preset.num_key_value_heads,
+           tsr_bench_preset.vocab_size, tsr_bench_preset.hidden_size,
+           tsr_bench_preset.intermediate_size, tsr_bench_preset.num_hidden_layers,
+           tsr_bench_preset.num_attention_heads, tsr_bench_preset.num_key_value_heads,
            runs[0].batch, runs[0].seq, threads, tsr_kernel_num_cores());
     printf("%-8s %5s %8s %10s %9s %8s %14s %14s %7s\n", "config", "ranks", "threads", "step_s",
            "tokens/s", "speedup", "tp MB/step", "min MB/step", "ratio");
@@ -207,9 +173,6 @@ int main(int argc, char **argv) {
                       : "tp_sp",
              runs[k].tp, runs[k].step_s, (unsigned long long)runs[k].tp_bytes, k ? min : 0.0);
   }
-  for (int k = 0; k < 3; k++) {
-    tsr_plugin_set_free(sets[k]);
-    tsr_registry_free(regs[k]);
-  }
+  for (int k = 0; k < 3; k++) tsr_bench_plugins_free(&plugins[k]);
   return rc;
 }
