@@ -24,4 +24,27 @@ void tsr_profile_end(tsr_kernel_kind kind, int64_t t0);
 void tsr_gemm_raw(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                   bool trans_b, float alpha, float beta);
 
+/* e^x in f32 for x <= 0 (larger x are clamped to 0), within 2 ulp of expf and 0 below -87.3
+ * (including -inf). Branch-free so that loops over it vectorise: x = n·ln2 + r with |r| <= ln2/2,
+ * e^r by a degree-6 polynomial, 2^n put into the exponent bits. */
+static inline float tsr_exp_neg(float x) {
+  const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  const float shift = 12582912.0f; /* 1.5 · 2^23: adding it rounds to an integer */
+  float xc = x < -87.3f ? -87.3f : (x > 0.0f ? 0.0f : x);
+  float n = (xc * log2e + shift) - shift;
+  float r = (xc - n * ln2_hi) - n * ln2_lo;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  float y = (p * r) * r + r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } two_n = {.i = ((int32_t)n + 127) * (1 << 23)};
+  return x < -87.3f ? 0.0f : y * two_n.f;
+}
+
 #endif

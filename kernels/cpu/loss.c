@@ -2,22 +2,71 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "internal.h"
 #include "tessera/kernels.h"
 
-static float row_max(const float *row, int V) {
-  float m = -INFINITY;
-  for (int j = 0; j < V; j++) m = row[j] > m ? row[j] : m;
-  return m;
+/* Lanes of the row reductions: fixed, so the order of additions (and the result) is the same on
+ * every machine and thread count, and wide enough for the compiler to vectorise them. */
+#define TSR_CE_LANES 16
+
+static float row_max(const float *restrict row, int V) {
+  float m[TSR_CE_LANES];
+  for (int k = 0; k < TSR_CE_LANES; k++) m[k] = -INFINITY;
+  int j = 0;
+  for (; j + TSR_CE_LANES <= V; j += TSR_CE_LANES)
+    for (int k = 0; k < TSR_CE_LANES; k++) m[k] = row[j + k] > m[k] ? row[j + k] : m[k];
+  float r = -INFINITY;
+  for (; j < V; j++) r = row[j] > r ? row[j] : r;
+  for (int k = 0; k < TSR_CE_LANES; k++) r = m[k] > r ? m[k] : r;
+  return r;
 }
 
-/* Σ exp(row − m) in double: for a large vocabulary most terms are tiny and an f32 running sum
- * would drop them. */
-static double row_sumexp(const float *row, int V, float m) {
-  double s = 0.0;
-  for (int j = 0; j < V; j++) s += exp((double)row[j] - m);
-  return s;
+/* Σ exp(row − m), the terms in f32 (each within 2 ulp) and their sum in double: for a large
+ * vocabulary most terms are tiny and an f32 running sum would drop them. */
+static double row_sumexp(const float *restrict row, int V, float m) {
+  double s[TSR_CE_LANES] = {0};
+  int j = 0;
+  for (; j + TSR_CE_LANES <= V; j += TSR_CE_LANES)
+    for (int k = 0; k < TSR_CE_LANES; k++) s[k] += (double)tsr_exp_neg(row[j + k] - m);
+  double r = 0.0;
+  for (; j < V; j++) r += (double)tsr_exp_neg(row[j] - m);
+  for (int k = 0; k < TSR_CE_LANES; k++) r += s[k];
+  return r;
+}
+
+/* drow += scale · (softmax(row) − onehot(t)) with softmax = exp(row − m) / sumexp, m the row max:
+ * the exponent's argument stays exact-ish in f32 and 1/sumexp is folded into one coefficient
+ * (a few ulp in all, as an f32 softmax). t < 0 means no one-hot column. */
+static void softmax_grad_row(float *restrict drow, const float *restrict row, int V, float m,
+                             double sumexp, int64_t t, double scale) {
+  float coef = (float)(scale / sumexp);
+  for (int j = 0; j < V; j++) drow[j] += coef * tsr_exp_neg(row[j] - m);
+  if (t >= 0) drow[t] -= (float)scale;
+}
+
+typedef struct ce_args {
+  double *row_loss; /* (N) lse − target logit, 0 for ignored rows */
+  float *dlogits;
+  const float *logits;
+  const int32_t *targets;
+  int V;
+  double scale;
+} ce_args;
+
+static void ce_rows(void *ctx, int64_t begin, int64_t end) {
+  ce_args *a = ctx;
+  for (int64_t i = begin; i < end; i++) {
+    int t = a->targets[i];
+    a->row_loss[i] = 0.0;
+    if (t == TSR_IGNORE_INDEX) continue;
+    const float *row = a->logits + i * a->V;
+    float m = row_max(row, a->V);
+    double se = row_sumexp(row, a->V, m);
+    a->row_loss[i] = m + log(se) - row[t];
+    if (a->dlogits != NULL) softmax_grad_row(a->dlogits + i * a->V, row, a->V, m, se, t, a->scale);
+  }
 }
 
 static tsr_status cross_entropy_impl(float *loss, int *n_valid, float *dlogits, const float *logits,
@@ -33,25 +82,18 @@ static tsr_status cross_entropy_impl(float *loss, int *n_valid, float *dlogits, 
     }
     count++;
   }
+  double *row_loss = malloc(sizeof(double) * (size_t)(N > 0 ? N : 1));
+  if (row_loss == NULL) return TSR_ERROR(TSR_ENOMEM, "cross_entropy: out of memory for %d rows", N);
   if (n_valid != NULL) *n_valid = count;
-
+  ce_args a = {
+      row_loss, dlogits,
+      logits,   targets,
+      V,        count > 0 ? (double)dloss / count : 0.0}; /* no valid row: nothing to scale */
+  /* Rows are independent; ~2·V exponentials each, so a few rows per thread are worth it. */
+  tsr_parallel_for(N, 1 + (1 << 16) / (V > 0 ? V : 1), ce_rows, &a);
   double total = 0.0;
-  double scale = count > 0 ? (double)dloss / count : 0.0; /* no valid row: nothing to scale */
-  for (int64_t i = 0; i < N; i++) {
-    int t = targets[i];
-    if (t == TSR_IGNORE_INDEX) continue;
-    const float *row = logits + i * V;
-    float m = row_max(row, V);
-    double lse = m + log(row_sumexp(row, V, m));
-    total += lse - row[t];
-    if (dlogits != NULL) {
-      float *drow = dlogits + i * V;
-      for (int j = 0; j < V; j++) {
-        double p = exp((double)row[j] - lse);
-        drow[j] += (float)(scale * (p - (j == t ? 1.0 : 0.0)));
-      }
-    }
-  }
+  for (int i = 0; i < N; i++) total += row_loss[i]; /* in row order: thread-count independent */
+  free(row_loss);
   *loss = count > 0 ? (float)(total / count) : NAN;
   return TSR_OK;
 }
@@ -96,13 +138,9 @@ void tsr_kernel_cross_entropy_shard_backward(float *dlogits, const float *logits
   for (int64_t i = 0; i < N; i++) {
     if (targets[i] == TSR_IGNORE_INDEX) continue;
     int64_t local = (int64_t)targets[i] - vocab_start;
-    double lse = rmax[i] + log((double)sumexp[i]);
-    const float *row = logits + i * Vl;
-    float *drow = dlogits + i * Vl;
-    for (int64_t j = 0; j < Vl; j++) {
-      double p = exp((double)row[j] - lse);
-      drow[j] += (float)(scale * (p - (j == local ? 1.0 : 0.0)));
-    }
+    bool here = local >= 0 && local < Vl;
+    softmax_grad_row(dlogits + i * Vl, logits + i * Vl, Vl, rmax[i], (double)sumexp[i],
+                     here ? local : -1, scale);
   }
   tsr_profile_end(TSR_KERNEL_LOSS, t0);
 }
