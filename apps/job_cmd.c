@@ -95,12 +95,17 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
           tsr_registry_optim_hook_count(job->reg));
   tsr_train_pipe_print_plan(job, f);
   tsr_train_mem *per_rank = calloc((size_t)world, sizeof *per_rank);
-  tsr_status st = per_rank ? tsr_train_mem_plan(job, per_rank)
+  char *params = NULL;
+  tsr_status st = per_rank ? tsr_train_mem_plan(job, per_rank, &params)
                            : TSR_ERROR(TSR_ENOMEM, "out of memory for %d ranks", world);
-  if (st == TSR_OK)
+  if (st == TSR_OK) {
+    if (params)
+      fprintf(f, "parameters on rank 0 (global shape -> local shape, placements):\n%s", params);
     tsr_train_mem_print(f, job, per_rank, "planned");
-  else
-    fprintf(f, "state per rank: not computed: %s\n", tsr_last_error());
+  } else {
+    fprintf(f, "parameters and state per rank: not computed: %s\n", tsr_last_error());
+  }
+  free(params);
   free(per_rank);
 }
 

@@ -24,8 +24,62 @@ tsr_train_mem tsr_train_mem_measure(tsr_train_rank *t) {
 typedef struct plan_ctx {
   const tsr_app_job *job;
   tsr_train_mem *per_rank;
+  char *params_text;    /* rank 0's parameter table, malloc'd */
   pthread_mutex_t lock; /* one rank's model at a time: the plan's footprint is one rank's */
 } plan_ctx;
+
+static void shape_str(int ndim, const int64_t *shape, char *buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "(");
+  for (int i = 0; i < ndim && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%lld", i ? ", " : "", (long long)shape[i]);
+  if (n < len) snprintf(buf + n, len - n, ")");
+}
+
+/* Rank 0's parameters: global shape, local shape and placement per mesh dim. Layers after the
+ * first one this rank holds are placed alike, so they are counted, not listed. */
+static char *params_table(tsr_llama_t *model) {
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  if (!f) return NULL;
+  int first_layer = -1, more_layers = 0, last_layer = -1, elsewhere = 0;
+  for (int i = 0; i < tsr_llama_param_count(model); i++) {
+    const tsr_dtensor *d = tsr_llama_param(model, i)->value;
+    const char *name = tsr_llama_param_name(model, i);
+    if (!d->local) {
+      elsewhere++;
+      continue;
+    }
+    int layer = -1;
+    if (sscanf(name, "model.layers.%d.", &layer) == 1) {
+      if (first_layer < 0) first_layer = layer;
+      if (layer != first_layer) {
+        if (layer != last_layer) more_layers++;
+        last_layer = layer;
+        continue;
+      }
+    }
+    char g[96], l[96], p[160] = "";
+    shape_str(d->ndim, d->shape, g, sizeof g);
+    shape_str(d->local->ndim, d->local->shape, l, sizeof l);
+    size_t n = 0;
+    for (int k = 0; k < tsr_mesh_ndim(d->mesh) && n < sizeof p; k++) {
+      char b[32];
+      n += (size_t)snprintf(p + n, sizeof p - n, "%s%s=%s", k ? " " : "",
+                            tsr_mesh_dim_name(d->mesh, k),
+                            tsr_placement_str(d->placements[k], b, sizeof b));
+    }
+    fprintf(f, "  %-48s %-12s -> %-12s %s\n", name, g, l, p);
+  }
+  if (more_layers == 1)
+    fprintf(f, "  (layer %d on this rank is placed as layer %d)\n", last_layer, first_layer);
+  else if (more_layers)
+    fprintf(f, "  (layers %d..%d on this rank are placed as layer %d)\n", first_layer + 1,
+            last_layer, first_layer);
+  if (elsewhere) fprintf(f, "  (%d parameters live on other pipeline stages)\n", elsewhere);
+  fclose(f);
+  return text;
+}
 
 static tsr_status plan_rank(tsr_comm_t *comm, void *arg) {
   plan_ctx *p = arg;
@@ -47,6 +101,7 @@ static tsr_status plan_rank(tsr_comm_t *comm, void *arg) {
     m.grads = m.params;
     m.optim = 2 * m.params;
     p->per_rank[tsr_comm_rank(comm)] = m;
+    if (tsr_comm_rank(comm) == 0) p->params_text = params_table(model);
   }
   tsr_llama_free(model);
   tsr_rank_free(r);
@@ -54,7 +109,7 @@ static tsr_status plan_rank(tsr_comm_t *comm, void *arg) {
   return st;
 }
 
-tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank) {
+tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank, char **params_text) {
   tsr_llama_config mc = tsr_train_model_config(job->cfg);
   int64_t n = tsr_llama_num_params(&mc);
   if (n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS)
@@ -62,8 +117,14 @@ tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank) {
                      "%lld parameters: plan builds each rank's model to lay it out and stops at "
                      "%lld; `tessera run` measures the state per rank after its first step",
                      (long long)n, (long long)TSR_TRAIN_MEM_PLAN_MAX_PARAMS);
-  plan_ctx p = {job, per_rank, PTHREAD_MUTEX_INITIALIZER};
-  return tsr_local_launch((int)job->cfg->mesh.world, job->cfg->job.timeout_s, plan_rank, &p);
+  plan_ctx p = {job, per_rank, NULL, PTHREAD_MUTEX_INITIALIZER};
+  tsr_status st =
+      tsr_local_launch((int)job->cfg->mesh.world, job->cfg->job.timeout_s, plan_rank, &p);
+  if (params_text)
+    *params_text = p.params_text;
+  else
+    free(p.params_text);
+  return st;
 }
 
 tsr_status tsr_train_mem_gather(tsr_group_t *all, const tsr_train_mem *mine,

@@ -22,9 +22,11 @@ tsr_train_mem tsr_train_mem_measure(tsr_train_rank *t);
 
 /* Builds every rank's model, one rank at a time so only one rank's parameters exist at once, and
  * fills per_rank[world]: parameters as built, gradients placed like their parameters, AdamW two
- * moments each. Models above TSR_TRAIN_MEM_PLAN_MAX_PARAMS are not built (TSR_ENOTSUP). */
+ * moments each. When `params_text` is not NULL it receives rank 0's parameter table (name,
+ * global and local shape, placement per mesh dim; malloc'd, NULL if it could not be made).
+ * Models above TSR_TRAIN_MEM_PLAN_MAX_PARAMS are not built (TSR_ENOTSUP). */
 #define TSR_TRAIN_MEM_PLAN_MAX_PARAMS (256LL * 1024 * 1024)
-tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank);
+tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank, char **params_text);
 
 /* Prints the table: one line per group of ranks holding the same bytes, each against the state
  * one rank would hold for the whole model. `what` says "planned" or "measured". */

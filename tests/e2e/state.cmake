@@ -22,3 +22,9 @@ foreach(case "dp_fsdp.ini 0.2500" "dp.ini 1.0000" "dp_hsdp.ini any" "tp_sp.ini a
   set_tests_properties(e2e_state_bytes_${name} PROPERTIES LABELS e2e
     PASS_REGULAR_EXPRESSION "state bytes: plan == run")
 endforeach()
+
+# `tessera plan` lists rank 0's parameters with their placements: column-parallel q_proj split
+# by rows over tp, replicated over dp, on the main job's dp 2 x tp 2 x pp 2.
+add_test(NAME e2e_plan_parameters COMMAND ${TESSERA_BIN} plan ${EXAMPLES}/llama-tiny.ini)
+set_tests_properties(e2e_plan_parameters PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "model\\.layers\\.0\\.self_attn\\.q_proj\\.weight +\\(128, 128\\) +-> \\(64, 128\\) +dp=R tp=S\\(0\\)")
