@@ -88,6 +88,9 @@ static tsr_status gather_kv(tsr_rank_t *r, int dim, const tsr_dtensor *k, const 
   *kb = alloc_f32(nk);
   *vb = alloc_f32(nk);
   if (!*kb || !*vb) {
+    free(*kb);
+    free(*vb);
+    *kb = *vb = NULL;
     st = TSR_ERROR(TSR_ENOMEM, "cp_allgather: out of memory for the gathered K and V");
     goto cleanup;
   }
