@@ -69,6 +69,18 @@ typedef struct cf_plugin {
   int nitems;
   cf_item items[CF_MAX_ITEMS];
   int n_optim_hooks, n_grad_hooks;
+  /* The dims the L2 and L3 tests put it on: its own, or, for a plugin that owns none (sp), the
+   * dims of the plugins it requires. */
+  int ntest_dims;
+  char test_dims[CF_MAX_LIST][TSR_MAX_DIM_NAME];
+  /* The other in-tree plugins found on the search path, for the L3 combinations. */
+  int nothers;
+  struct {
+    char name[TSR_MAX_NAME];
+    char dim[TSR_MAX_DIM_NAME];   /* its first dim, "" for none */
+    char dims[TSR_MAX_VALUE];     /* all its dims, ", "-joined */
+    char required[TSR_MAX_VALUE]; /* ", "-joined */
+  } others[8];
 } cf_plugin;
 
 typedef struct cf_test cf_test;

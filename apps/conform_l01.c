@@ -89,32 +89,51 @@ void cf_job_free(tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t *set) {
   tsr_config_free(cfg);
 }
 
+/* The alternatives of one ENUM or BOOL key other than its default. */
+static int key_alternatives(const cf_key *key, char alts[][TSR_MAX_VALUE], int cap) {
+  int nalt = 0;
+  if (key->type == TSR_KEY_BOOL) {
+    snprintf(alts[nalt++], TSR_MAX_VALUE, "%s", strcmp(key->def, "true") ? "true" : "false");
+  } else if (key->type == TSR_KEY_ENUM) {
+    const char *c = key->choices;
+    while (*c && nalt < cap) {
+      size_t l = strcspn(c, "|");
+      if (!key->has_default || strlen(key->def) != l || strncmp(c, key->def, l))
+        snprintf(alts[nalt++], TSR_MAX_VALUE, "%.*s", (int)l, c);
+      c += l + (c[l] == '|');
+    }
+  }
+  return nalt;
+}
+
+/* Variant v: model v % 2; key variant v / 2: 0 = defaults, then each ENUM/BOOL alternative
+ * alone, then each again with every INT key one above its default (an alternative such as an
+ * interleaved schedule may need a second key to change with it). */
 bool cf_variant(const cf_plugin *p, int v, int *model, char *extra, size_t len) {
   *model = v % 2;
   int want = v / 2, k = 0;
   extra[0] = '\0';
   if (want == 0) return true;
-  for (int i = 0; i < p->nkeys; i++) {
-    const cf_key *key = &p->keys[i];
-    char alts[8][TSR_MAX_VALUE];
-    int nalt = 0;
-    if (key->type == TSR_KEY_BOOL) {
-      snprintf(alts[nalt++], TSR_MAX_VALUE, "%s", strcmp(key->def, "true") ? "true" : "false");
-    } else if (key->type == TSR_KEY_ENUM) {
-      const char *c = key->choices;
-      while (*c && nalt < 8) {
-        size_t l = strcspn(c, "|");
-        if (!key->has_default || strlen(key->def) != l || strncmp(c, key->def, l))
-          snprintf(alts[nalt++], TSR_MAX_VALUE, "%.*s", (int)l, c);
-        c += l + (c[l] == '|');
-      }
-    }
-    for (int a = 0; a < nalt; a++)
-      if (++k == want) {
-        snprintf(extra, len, "[strategy.%s]\n%s = %s\n", p->name, key->name, alts[a]);
+  bool ints = false;
+  for (int j = 0; j < p->nkeys; j++)
+    ints |= p->keys[j].type == TSR_KEY_INT && p->keys[j].has_default;
+  for (int pass = 0; pass < (ints ? 2 : 1); pass++)
+    for (int i = 0; i < p->nkeys; i++) {
+      char alts[8][TSR_MAX_VALUE];
+      int nalt = key_alternatives(&p->keys[i], alts, 8);
+      for (int a = 0; a < nalt; a++) {
+        if (++k != want) continue;
+        size_t o = (size_t)snprintf(extra, len, "[strategy.%s]\n%s = %s\n", p->name,
+                                    p->keys[i].name, alts[a]);
+        for (int j = 0; pass == 1 && j < p->nkeys && o < len; j++) {
+          const cf_key *n = &p->keys[j];
+          if (n->type != TSR_KEY_INT || !n->has_default) continue;
+          double up = atof(n->def) + 1;
+          if (up <= n->max) o += (size_t)snprintf(extra + o, len - o, "%s = %.0f\n", n->name, up);
+        }
         return true;
       }
-  }
+    }
   return false;
 }
 
@@ -276,6 +295,31 @@ static void discover_rules(cf_plugin *p) {
       snprintf(dims[ndims++], TSR_MAX_DIM_NAME, "%s", d->dims[k]);
   }
   cf_job_free(cfg, reg, set);
+  for (int i = 0; i < ndims; i++) memcpy(p->test_dims[i], dims[i], TSR_MAX_DIM_NAME);
+  p->ntest_dims = ndims;
+  for (size_t i = 0; i < sizeof known_plugins / sizeof known_plugins[0] && p->nothers < 8; i++) {
+    char path[TSR_MAX_PATH];
+    if (!strcmp(known_plugins[i], p->name) || !cf_find_plugin(known_plugins[i], path, sizeof path))
+      continue;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    void *sym = h ? dlsym(h, TSR_PLUGIN_SYMBOL) : NULL;
+    if (!sym) continue;
+    tsr_plugin_entry_fn entry;
+    memcpy(&entry, &sym, sizeof entry);
+    const tsr_strategy *d = entry(TSR_ABI_MAJOR, TSR_ABI_MINOR);
+    if (!d || d->abi_major != TSR_ABI_MAJOR) continue;
+    int k = p->nothers++;
+    snprintf(p->others[k].name, TSR_MAX_NAME, "%s", known_plugins[i]);
+    snprintf(p->others[k].dim, TSR_MAX_DIM_NAME, "%s", d->dims && d->dims[0] ? d->dims[0] : "");
+    size_t o = 0;
+    for (int j = 0; d->dims && d->dims[j]; j++)
+      o += (size_t)snprintf(p->others[k].dims + o, TSR_MAX_VALUE - o, "%s%s", j ? ", " : "",
+                            d->dims[j]);
+    o = 0;
+    for (int j = 0; d->required && d->required[j]; j++)
+      o += (size_t)snprintf(p->others[k].required + o, TSR_MAX_VALUE - o, "%s%s", j ? ", " : "",
+                            d->required[j]);
+  }
   for (int di = 0; di < ndims; di++)
     for (int n = 1; n <= 4; n++) {
       int model;

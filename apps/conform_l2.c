@@ -1,6 +1,858 @@
-/* `tessera conform`: L2. */
+/* `tessera conform`: L2, each registration against a dense reference.
+ *
+ * For every op rule, redistribute transition, module style and schedule the plugin registers,
+ * and every mesh of 1-4 ranks along the dim it registered on, the test loads a job whose mesh is
+ * that dim alone, finds the registration again (trying the job variants of cf_variant until one
+ * registers it) and runs ranks of the local backend on it:
+ *   op rule     inputs placed as the rule says, the op through the registry, against the op on
+ *               replicated inputs in a rank without any plugin (the dense reference): output,
+ *               output placement, and the gradient of every float input for a random output
+ *               gradient, with the placements the rule gives them;
+ *   transition  each (src, dst) pair its match() accepts: Replicate -> src -> dst -> Replicate
+ *               gives the tensor back exactly, and so does the adjoint of src -> dst;
+ *   style       the module (linear, embedding, rmsnorm, attention, mlp) with parameters, input
+ *               and output placed by the style, against the dense module, forward and backward;
+ *   schedule    every stage's action list for 1-4 stages and 1-6 microbatches: each microbatch
+ *               forward then backward once per stage, sends matching receives, no deadlock.
+ * Shapes come in an uneven variant (7, 11, 13: torch.chunk leaves no rank empty) and even ones.
+ * A rule may refuse a shape with EINVAL or ENOTSUP; one that refuses every shape tried is
+ * NOTSUP, a wrong number or any other failure is FAILED.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "conform.h"
+#include "tessera/ops.h"
+
+#define L2_TIMEOUT_S 10.0
+
+typedef struct l2_shape {
+  int64_t B, L, C, OC, V, H, HKV, D;
+  bool causal;
+} l2_shape;
+
+/* Variant sv of the shapes for a mesh of n ranks; false past the last one for this op. */
+static bool l2_shapes(const char *op, int n, int sv, l2_shape *s) {
+  bool attn = !strcmp(op, "sdpa") || !strcmp(op, "attention");
+  if (sv == 0) {
+    *s = (l2_shape){7, 7, 7, 11, 13, 7, 7, 4, true};
+    return true;
+  }
+  if (sv > (attn ? 3 : 1)) return false;
+  *s = (l2_shape){2 * n, 4 * n, 4 * n, 4 * n, 4 * n, 2 * n, n, 4, true};
+  if (sv == 2) s->HKV = 1;
+  if (sv == 3) s->causal = false;
+  return true;
+}
+
+/* Deterministic values in [-1, 1), the same on every rank. */
+static tsr_status rand_tensor(int ndim, const int64_t *shape, uint32_t seed, tsr_tensor **out) {
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_F32, ndim, shape, out));
+  float *p = tsr_tensor_data(*out);
+  uint32_t x = seed * 2654435761u + 12345u;
+  for (int64_t i = 0; i < tsr_tensor_numel(*out); i++) {
+    x = x * 1664525u + 1013904223u;
+    p[i] = (float)((x >> 8) & 0xffff) / 32768.0f - 1.0f;
+  }
+  return TSR_OK;
+}
+
+static tsr_status ids_tensor(int64_t B, int64_t L, int64_t V, bool labels, tsr_tensor **out) {
+  int64_t shape[2] = {B, L};
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, out));
+  int32_t *p = tsr_tensor_data(*out);
+  for (int64_t i = 0; i < B * L; i++)
+    p[i] = labels && i % 5 == 2 ? -100 : (int32_t)((i * 7 + (labels ? 3 : 1)) % V);
+  return TSR_OK;
+}
+
+/* The op's inputs as full tensors; *nin set. Float inputs first; ids and labels are i32. */
+static tsr_status op_inputs(const char *op, const l2_shape *s, tsr_tensor **in, int *nin) {
+  int64_t x3[3] = {s->B, s->L, s->C}, w[2] = {s->OC, s->C}, q[4] = {s->B, s->L, s->H, s->D};
+  int64_t kv[4] = {s->B, s->L, s->HKV, s->D}, lg[3] = {s->B, s->L, s->V}, e[2] = {s->V, s->C};
+  *nin = 0;
+  if (!strcmp(op, "linear")) {
+    *nin = 2;
+    TSR_CHECK(rand_tensor(3, x3, 1, &in[0]));
+    return rand_tensor(2, w, 2, &in[1]);
+  }
+  if (!strcmp(op, "embedding")) {
+    *nin = 2;
+    TSR_CHECK(ids_tensor(s->B, s->L, s->V, false, &in[0]));
+    return rand_tensor(2, e, 3, &in[1]);
+  }
+  if (!strcmp(op, "rmsnorm")) {
+    *nin = 2;
+    TSR_CHECK(rand_tensor(3, x3, 4, &in[0]));
+    return rand_tensor(1, &s->C, 5, &in[1]);
+  }
+  if (!strcmp(op, "rope")) {
+    *nin = 1;
+    return rand_tensor(4, q, 6, &in[0]);
+  }
+  if (!strcmp(op, "sdpa") || !strcmp(op, "attention")) {
+    *nin = 3;
+    TSR_CHECK(rand_tensor(4, q, 7, &in[0]));
+    TSR_CHECK(rand_tensor(4, kv, 8, &in[1]));
+    return rand_tensor(4, kv, 9, &in[2]);
+  }
+  if (!strcmp(op, "add") || !strcmp(op, "swiglu") || !strcmp(op, "mlp")) {
+    *nin = 2;
+    TSR_CHECK(rand_tensor(3, x3, 10, &in[0]));
+    return rand_tensor(3, x3, 11, &in[1]);
+  }
+  if (!strcmp(op, "cross_entropy")) {
+    *nin = 2;
+    TSR_CHECK(rand_tensor(3, lg, 12, &in[0]));
+    return ids_tensor(s->B, s->L, s->V, true, &in[1]);
+  }
+  return TSR_ENOTSUP;
+}
+
+static bool op_known(const char *op) {
+  static const char *const ops[] = {"linear", "embedding", "rmsnorm", "rope",          "sdpa",
+                                    "add",    "swiglu",    "mlp",     "cross_entropy", "attention"};
+  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+    if (!strcmp(op, ops[i])) return true;
+  return false;
+}
+
+static tsr_status run_op(tsr_tape_t *t, const char *op, const l2_shape *s, tsr_var **v,
+                         tsr_var **out) {
+  if (!strcmp(op, "linear")) return tsr_op_linear(t, v[0], v[1], out);
+  if (!strcmp(op, "embedding")) return tsr_op_embedding(t, v[0], v[1], out);
+  if (!strcmp(op, "rmsnorm")) return tsr_op_rmsnorm(t, v[0], v[1], 1e-5f, out);
+  if (!strcmp(op, "rope")) return tsr_op_rope(t, v[0], 10000.0f, out);
+  if (!strcmp(op, "sdpa") || !strcmp(op, "attention"))
+    return tsr_op_sdpa(t, v[0], v[1], v[2], s->causal, out);
+  if (!strcmp(op, "add")) return tsr_op_add(t, v[0], v[1], out);
+  if (!strcmp(op, "swiglu") || !strcmp(op, "mlp")) return tsr_op_swiglu(t, v[0], v[1], out);
+  if (!strcmp(op, "cross_entropy")) return tsr_op_cross_entropy(t, v[0], v[1], out);
+  return TSR_ERROR(TSR_ENOTSUP, "the suite has no generator for op '%s'", op);
+}
+
+/* ---- One rank of an L2 case ---- */
+
+typedef enum l2_kind { L2_OP = 0, L2_STYLE } l2_kind;
+
+typedef struct l2_case {
+  l2_kind kind;
+  const char *dim;
+  const char *op; /* the op run (a style's module maps to one) */
+  const tsr_registry_t *reg;
+  const tsr_op_rule *rule;       /* L2_OP */
+  const tsr_module_style *style; /* L2_STYLE */
+  bool param_last;               /* L2_STYLE: the op's last input is the module's weight */
+  l2_shape s;
+  /* results, written by rank 0 */
+  bool mismatch;
+  char msg[CF_MSG];
+} l2_case;
+
+static char *pl_str(tsr_placement p, char *buf) {
+  return (char *)tsr_placement_str(p, buf, 32);
+}
+
+/* Compares two full tensors: |a - b| <= atol + rtol |b|. */
+static bool close_enough(const tsr_tensor *a, const tsr_tensor *b, const char *what, char *msg,
+                         size_t len) {
+  if (tsr_tensor_numel(a) != tsr_tensor_numel(b) || a->ndim != b->ndim) {
+    char sa[64], sb[64];
+    snprintf(msg, len, "%s: shape %s, the dense reference's %s", what,
+             tsr_shape_str(a->ndim, a->shape, sa, sizeof sa),
+             tsr_shape_str(b->ndim, b->shape, sb, sizeof sb));
+    return false;
+  }
+  tsr_tensor *x = NULL, *y = NULL;
+  bool ok = tsr_tensor_cast(a, TSR_F32, &x) == TSR_OK && tsr_tensor_cast(b, TSR_F32, &y) == TSR_OK;
+  const float *px = ok ? tsr_tensor_data(x) : NULL, *py = ok ? tsr_tensor_data(y) : NULL;
+  for (int64_t i = 0; ok && i < tsr_tensor_numel(x); i++)
+    if (!(fabsf(px[i] - py[i]) <= 1e-5f + 1e-4f * fabsf(py[i]))) {
+      snprintf(msg, len, "%s[%lld] = %.7g, the dense reference has %.7g", what, (long long)i, px[i],
+               py[i]);
+      ok = false;
+    }
+  tsr_tensor_free(x);
+  tsr_tensor_free(y);
+  return ok;
+}
+
+/* The forward and backward of one op on `mesh`, inputs placed by `pl` (one placement per input
+ * on the mesh's single dim). Fills full output and full input gradients (NULL where none). */
+typedef struct l2_run {
+  tsr_tensor *out, *grads[TSR_MAX_OP_INPUTS];
+  tsr_placement out_pl, grad_pl[TSR_MAX_OP_INPUTS];
+  bool has_grad[TSR_MAX_OP_INPUTS];
+} l2_run;
+
+static void run_free(l2_run *r) {
+  tsr_tensor_free(r->out);
+  for (int i = 0; i < TSR_MAX_OP_INPUTS; i++) tsr_tensor_free(r->grads[i]);
+  memset(r, 0, sizeof *r);
+}
+
+/* Keeps a rank tensor past its rank (a copy outside the rank's allocator). */
+static tsr_tensor *keep(tsr_tensor *t) {
+  tsr_tensor *c = NULL;
+  if (t) tsr_tensor_cast(t, t->dtype, &c);
+  tsr_tensor_free(t);
+  return c;
+}
+
+static tsr_status forward_backward(tsr_rank_t *r, const tsr_mesh_t *m, const l2_case *c,
+                                   tsr_tensor **full, int nin, const tsr_placement *pl,
+                                   const tsr_module_style *style, l2_run *res) {
+  tsr_tape_t *t = NULL;
+  tsr_var *leaf[TSR_MAX_OP_INPUTS] = {0}, *in[TSR_MAX_OP_INPUTS] = {0}, *out = NULL;
+  tsr_dtensor *g = NULL;
+  tsr_tensor *gfull = NULL;
+  tsr_status st = TSR_OK;
+  memset(res, 0, sizeof *res);
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  for (int i = 0; i < nin; i++) {
+    /* a style places the parameter (the last input of linear, embedding, rmsnorm) directly, and
+     * moves activations to its input placement with a recorded redistribute */
+    bool param = style && c->param_last && i == nin - 1;
+    tsr_placement here = style && !param ? tsr_replicate() : pl[i], rep = tsr_replicate();
+    /* from Replicate through the registry, so that a plugin's own layout of a placement (a
+     * zigzag sequence shard) is what the op sees */
+    tsr_dtensor *d0, *d;
+    TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, full[i], &rep, &d0), st);
+    st = tsr_dtensor_redistribute(r, d0, m, &here, &d);
+    tsr_dtensor_free(d0);
+    TSR_CHECK_GOTO(st, st);
+    TSR_CHECK_GOTO(tsr_var_new_leaf(d, full[i]->dtype == TSR_F32, NULL, &leaf[i]), st);
+    in[i] = leaf[i];
+    if (style && !param) TSR_CHECK_GOTO(tsr_op_redistribute(t, leaf[i], m, &pl[i], &in[i]), st);
+  }
+  TSR_CHECK_GOTO(run_op(t, c->op, &c->s, in, &out), st);
+  if (style) TSR_CHECK_GOTO(tsr_op_redistribute(t, out, m, &style->output, &out), st);
+  res->out_pl = out->value->placements[0];
+  TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, out->value, &res->out), st);
+  res->out = keep(res->out);
+  TSR_CHECK_GOTO(rand_tensor(out->value->ndim, out->value->shape, 77, &gfull), st);
+  tsr_placement rep = tsr_replicate();
+  TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, gfull, &rep, &g), st);
+  st = tsr_tape_backward_with(t, out, g);
+  g = NULL;
+  TSR_CHECK_GOTO(st, st);
+  for (int i = 0; i < nin; i++) {
+    if (!leaf[i]->requires_grad || !leaf[i]->grad) continue;
+    res->has_grad[i] = true;
+    res->grad_pl[i] = leaf[i]->grad->placements[0];
+    if (style) TSR_CHECK_GOTO(tsr_var_resolve_grad(t, leaf[i]), st);
+    TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, leaf[i]->grad, &res->grads[i]), st);
+    res->grads[i] = keep(res->grads[i]);
+  }
+cleanup:
+  tsr_tensor_free(gfull);
+  tsr_dtensor_free(g);
+  tsr_tape_free(t);
+  for (int i = 0; i < nin; i++) tsr_var_free(leaf[i]);
+  if (st != TSR_OK) run_free(res);
+  return st;
+}
+
+static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
+  l2_case *c = arg;
+  tsr_rank_t *r = NULL, *dense = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_tensor *full[TSR_MAX_OP_INPUTS] = {0};
+  l2_run got = {0}, want = {0};
+  int nin = 0;
+  bool me0 = tsr_comm_rank(comm) == 0;
+  tsr_status st = TSR_OK;
+  int n = tsr_comm_world(comm);
+  const char *names[1] = {c->dim};
+  TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &dense), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(n, 1, &n, names, &m), st);
+  TSR_CHECK_GOTO(op_inputs(c->op, &c->s, full, &nin), st);
+  tsr_placement pl[TSR_MAX_OP_INPUTS], rep[TSR_MAX_OP_INPUTS];
+  for (int i = 0; i < nin; i++) {
+    rep[i] = tsr_replicate();
+    if (c->kind == L2_OP)
+      pl[i] = c->rule->any_input & (1u << i) ? tsr_replicate() : c->rule->inputs[i];
+    else if (c->param_last && i == nin - 1)
+      pl[i] = tsr_module_style_param(c->style, "weight");
+    else
+      pl[i] = c->style->input;
+  }
+  if (c->kind == L2_OP && c->rule->ninputs != nin) {
+    if (me0) {
+      c->mismatch = true;
+      snprintf(c->msg, sizeof c->msg, "rule declares %d inputs; op '%s' takes %d", c->rule->ninputs,
+               c->op, nin);
+    }
+    goto cleanup;
+  }
+  TSR_CHECK_GOTO(forward_backward(dense, m, c, full, nin, rep, NULL, &want), st);
+  st = forward_backward(r, m, c, full, nin, pl, c->kind == L2_STYLE ? c->style : NULL, &got);
+  if (st != TSR_OK) goto cleanup;
+  if (!me0) goto cleanup;
+  char a[32], b[32], what[64];
+  bool checks_pl = c->kind == L2_OP && n > 1 && !c->rule->use_mask;
+  if (checks_pl && !tsr_placement_equal(got.out_pl, c->rule->outputs[0])) {
+    c->mismatch = true;
+    snprintf(c->msg, sizeof c->msg, "output placed %s on '%s'; the rule says %s",
+             pl_str(got.out_pl, a), c->dim, pl_str(c->rule->outputs[0], b));
+    goto cleanup;
+  }
+  if (c->kind == L2_STYLE && n > 1 && !tsr_placement_equal(got.out_pl, c->style->output)) {
+    c->mismatch = true;
+    snprintf(c->msg, sizeof c->msg, "module output placed %s; the style says %s",
+             pl_str(got.out_pl, a), pl_str(c->style->output, b));
+    goto cleanup;
+  }
+  if (!close_enough(got.out, want.out, "forward output", c->msg, sizeof c->msg)) {
+    c->mismatch = true;
+    goto cleanup;
+  }
+  for (int i = 0; i < nin; i++) {
+    if (!want.has_grad[i]) continue;
+    snprintf(what, sizeof what, "gradient of input %d", i);
+    if (!got.has_grad[i]) {
+      c->mismatch = true;
+      snprintf(c->msg, sizeof c->msg, "backward gave input %d no gradient", i);
+      goto cleanup;
+    }
+    if (checks_pl && !tsr_placement_equal(got.grad_pl[i], c->rule->grads[i])) {
+      c->mismatch = true;
+      snprintf(c->msg, sizeof c->msg, "gradient of input %d placed %s; the rule says %s", i,
+               pl_str(got.grad_pl[i], a), pl_str(c->rule->grads[i], b));
+      goto cleanup;
+    }
+    if (!close_enough(got.grads[i], want.grads[i], what, c->msg, sizeof c->msg)) {
+      c->mismatch = true;
+      goto cleanup;
+    }
+  }
+cleanup:
+  run_free(&got);
+  run_free(&want);
+  for (int i = 0; i < TSR_MAX_OP_INPUTS; i++) tsr_tensor_free(full[i]);
+  tsr_mesh_free(m);
+  tsr_rank_free(dense);
+  tsr_rank_free(r);
+  return st;
+}
+
+/* ---- Finding the registration again ---- */
+
+typedef struct l2_job {
+  tsr_config *cfg;
+  tsr_registry_t *reg;
+  tsr_plugin_set_t *set;
+} l2_job;
+
+/* Loads the first job variant, with the item's dim of size n, whose registry has the item. */
+static const void *find_item(const cf_plugin *p, const cf_item *it, int n, int *variant,
+                             l2_job *job) {
+  char load[512], extra[512], text[8192];
+  cf_load_list(p, load, sizeof load);
+  int model;
+  for (int v = *variant; cf_variant(p, v, &model, extra, sizeof extra); v++) {
+    *variant = v + 1;
+    const char *dims[1] = {it->dim};
+    int shape[1] = {n};
+    cf_job_text(text, sizeof text, it->kind == CF_ITEM_SCHED ? 0 : 1, dims, shape, load, model,
+                "train", extra);
+    if (cf_job_load(text, &job->cfg, &job->reg, &job->set) != TSR_OK) continue;
+    const tsr_registry_t *reg = job->reg;
+    for (int i = 0; it->kind == CF_ITEM_OP && i < tsr_registry_op_rule_count(reg); i++) {
+      const tsr_op_rule *r = tsr_registry_op_rule_at(reg, i);
+      if (!strcmp(r->name, it->name) && !strcmp(r->op, it->op)) return r;
+    }
+    for (int i = 0; it->kind == CF_ITEM_REDIST && i < tsr_registry_redistribute_count(reg); i++)
+      if (!strcmp(tsr_registry_redistribute_at(reg, i)->name, it->name))
+        return tsr_registry_redistribute_at(reg, i);
+    if (it->kind == CF_ITEM_STYLE) {
+      const tsr_module_style *s = tsr_registry_find_module_style(reg, it->name, it->dim);
+      if (s && s->owner && !strcmp(s->owner, p->name)) return s;
+    }
+    if (it->kind == CF_ITEM_SCHED) {
+      const tsr_schedule *s = tsr_registry_find_schedule(reg, it->name);
+      if (s) return s;
+    }
+    cf_job_free(job->cfg, job->reg, job->set);
+  }
+  memset(job, 0, sizeof *job);
+  return NULL;
+}
+
+static bool refusal(tsr_status st) {
+  return st == TSR_EINVAL || st == TSR_ENOTSUP;
+}
+
+/* Runs the case over the shape variants and grades it. */
+static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
+  int computed = 0, refused = 0;
+  char why[CF_MSG] = "";
+  l2_shape s;
+  for (int sv = 0; l2_shapes(c->op, n, sv, &s); sv++) {
+    c->s = s;
+    c->mismatch = false;
+    c->msg[0] = '\0';
+    tsr_status st = tsr_local_launch(n, L2_TIMEOUT_S, l2_rank, c);
+    char shape[160];
+    snprintf(shape, sizeof shape, "B=%lld L=%lld C=%lld OC=%lld V=%lld H=%lld Hkv=%lld%s",
+             (long long)s.B, (long long)s.L, (long long)s.C, (long long)s.OC, (long long)s.V,
+             (long long)s.H, (long long)s.HKV, s.causal ? "" : " non-causal");
+    if (st == TSR_OK && c->mismatch)
+      return cf_say(msg, len, CF_FAIL, "%s=%d, %s: %s", c->dim, n, shape, c->msg);
+    if (st == TSR_OK) {
+      computed++;
+    } else if (refusal(st)) {
+      if (!refused++) snprintf(why, sizeof why, "%s: %s", shape, tsr_last_error());
+    } else {
+      return cf_say(msg, len, CF_FAIL, "%s=%d, %s: %s: %s", c->dim, n, shape, tsr_status_name(st),
+                    tsr_last_error());
+    }
+  }
+  if (!computed)
+    return cf_say(msg, len, CF_NOTSUP, "refuses every shape tried on %s=%d; first: %s", c->dim, n,
+                  why);
+  if (refused)
+    return cf_say(msg, len, CF_PASS, "%d shapes match, %d refused (%s)", computed, refused, why);
+  return cf_say(msg, len, CF_PASS, "%d shapes match", computed);
+}
+
+/* Runs one L2 case body on every job variant that registers the item; the worst verdict wins
+ * (FAILED over PASS over NOTSUP). */
+typedef cf_result (*l2_body)(const cf_plugin *p, const cf_test *t, const void *found,
+                             const tsr_registry_t *reg, char *msg, size_t len);
+
+static cf_result over_variants(const cf_plugin *p, const cf_test *t, int n, l2_body body, char *msg,
+                               size_t len) {
+  const cf_item *it = &p->items[t->item];
+  int v = 0, jobs = 0;
+  cf_result best = CF_NOTSUP;
+  char keep[CF_MSG] = "";
+  l2_job job;
+  const void *found;
+  while ((found = find_item(p, it, n, &v, &job))) {
+    char m[CF_MSG] = "";
+    cf_result r = body(p, t, found, job.reg, m, sizeof m);
+    cf_job_free(job.cfg, job.reg, job.set);
+    jobs++;
+    /* a FAILED variant ends the test below; a PASS outranks a NOTSUP */
+    if (r != CF_NOTSUP && best == CF_NOTSUP) keep[0] = '\0';
+    if (r != CF_NOTSUP) best = r;
+    if (!keep[0] && (r == best)) snprintf(keep, sizeof keep, "%s", m);
+    if (r == CF_FAIL) {
+      char extra[512];
+      int model;
+      cf_variant(p, v - 1, &model, extra, sizeof extra);
+      extra[strcspn(extra, "\n")] = extra[0] ? ' ' : '\0';
+      extra[strcspn(extra, "\n")] = '\0';
+      return cf_say(msg, len, CF_FAIL, "%s%s%s", keep, extra[0] ? "; job with " : "",
+                    extra[0] ? extra : "");
+    }
+  }
+  if (!jobs)
+    return cf_say(msg, len, CF_NOTSUP, "not registered on a job with %s = %d",
+                  it->kind == CF_ITEM_SCHED ? "pp" : it->dim, n);
+  return cf_say(msg, len, best, "%s%s", keep,
+                jobs > 1 ? " (every job variant that registers it)" : "");
+}
+
+static cf_result op_body(const cf_plugin *p, const cf_test *t, const void *found,
+                         const tsr_registry_t *reg, char *msg, size_t len) {
+  const cf_item *it = &p->items[t->item];
+  const tsr_op_rule *rule = found;
+  l2_case c = {.kind = L2_OP, .dim = it->dim, .op = rule->op, .reg = reg, .rule = rule};
+  if (!op_known(rule->op))
+    return cf_say(msg, len, CF_NOTSUP, "the suite has no generator for op '%s'", rule->op);
+  return run_shapes(&c, t->n, msg, len);
+}
+
+static cf_result l2_op(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  return over_variants(p, t, t->n, op_body, msg, len);
+}
+
+static const char *style_op(const char *style) {
+  static const char *const map[][2] = {{"column_linear", "linear"},
+                                       {"row_linear", "linear"},
+                                       {"kv_linear", "linear"},
+                                       {"embedding", "embedding"},
+                                       {"rmsnorm", "rmsnorm"},
+                                       {"attention", "sdpa"},
+                                       {"mlp", "swiglu"}};
+  const char *op = NULL;
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+    if (!strcmp(map[i][0], style)) op = map[i][1];
+  return op;
+}
+
+static cf_result style_body(const cf_plugin *p, const cf_test *t, const void *found,
+                            const tsr_registry_t *reg, char *msg, size_t len) {
+  const cf_item *it = &p->items[t->item];
+  const char *op = style_op(it->name);
+  l2_case c = {.kind = L2_STYLE,
+               .dim = it->dim,
+               .op = op,
+               .reg = reg,
+               .style = found,
+               .param_last = strcmp(op, "sdpa") && strcmp(op, "swiglu")};
+  return run_shapes(&c, t->n, msg, len);
+}
+
+static cf_result l2_style(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  const cf_item *it = &p->items[t->item];
+  if (!style_op(it->name)) return cf_say(msg, len, CF_NOTSUP, "no module for style '%s'", it->name);
+  return over_variants(p, t, t->n, style_body, msg, len);
+}
+
+/* ---- Redistribute transitions ---- */
+
+typedef struct l2_redist {
+  const tsr_redistribute_rule *rule;
+  const tsr_registry_t *reg;
+  const char *dim;
+  int64_t shape[3];
+  int matched;
+  bool bad;
+  char msg[CF_MSG];
+} l2_redist;
+
+/* x's global values through R -> a -> b -> R (rules apply where they match). */
+static tsr_status roundtrip(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_tensor *full,
+                            tsr_placement a, tsr_placement b, tsr_tensor **out,
+                            tsr_placement *b_got) {
+  tsr_placement rep = tsr_replicate();
+  tsr_dtensor *x0 = NULL, *x1 = NULL, *x2 = NULL, *x3 = NULL;
+  tsr_status st = TSR_OK;
+  *out = NULL;
+  TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, full, &rep, &x0), st);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, x0, m, &a, &x1), st);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, x1, m, &b, &x2), st);
+  *b_got = x2->placements[0];
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, x2, m, &rep, &x3), st);
+  *out = keep(x3->local);
+  x3->local = NULL;
+cleanup:
+  tsr_dtensor_free(x0);
+  tsr_dtensor_free(x1);
+  tsr_dtensor_free(x2);
+  tsr_dtensor_free(x3);
+  return st;
+}
+
+/* The adjoint of a -> b applied to a gradient of global value `full` placed b (Partial read as
+ * Replicate), brought back to Replicate. */
+static tsr_status adjoint(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_tensor *full,
+                          tsr_placement a, tsr_placement b, tsr_tensor **out) {
+  tsr_placement rep = tsr_replicate(), bg = b.kind == TSR_PARTIAL ? rep : b;
+  tsr_dtensor *g0 = NULL, *g1 = NULL, *g2 = NULL, *g3 = NULL;
+  tsr_status st = TSR_OK;
+  *out = NULL;
+  TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, full, &rep, &g0), st);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, g0, m, &bg, &g1), st);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute_adjoint(r, g1, m, &a, &g2), st);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, g2, m, &rep, &g3), st);
+  *out = keep(g3->local);
+  g3->local = NULL;
+cleanup:
+  tsr_dtensor_free(g0);
+  tsr_dtensor_free(g1);
+  tsr_dtensor_free(g2);
+  tsr_dtensor_free(g3);
+  return st;
+}
+
+static tsr_status redist_rank(tsr_comm_t *comm, void *arg) {
+  l2_redist *c = arg;
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_tensor *full = NULL, *back = NULL;
+  int n = tsr_comm_world(comm);
+  bool me0 = tsr_comm_rank(comm) == 0;
+  const char *names[1] = {c->dim};
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(n, 1, &n, names, &m), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, 3, c->shape, &full), st);
+  tsr_tensor_fill_arange(full, 1.0, -20.0); /* integers: every path must be exact */
+  tsr_placement all[5] = {tsr_replicate(), tsr_shard(0), tsr_shard(1), tsr_shard(2),
+                          tsr_partial(TSR_REDUCE_SUM)};
+  tsr_dtensor meta = {.mesh = m, .ndim = 3, .dtype = TSR_F32};
+  memcpy(meta.shape, c->shape, sizeof c->shape);
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 5; j++) {
+      if (i == j) continue;
+      meta.placements[0] = all[i];
+      if (!c->rule->match(&meta, 0, all[i], all[j], c->rule->ctx)) continue;
+      if (me0) c->matched++;
+      char a[32], b[32];
+      tsr_placement got;
+      TSR_CHECK_GOTO(roundtrip(r, m, full, all[i], all[j], &back, &got), st);
+      bool same = tsr_tensor_equal(back, full);
+      tsr_tensor_free(back);
+      back = NULL;
+      if (!tsr_placement_equal(got, all[j]) && me0 && !c->bad) {
+        c->bad = true;
+        snprintf(c->msg, sizeof c->msg, "%s -> %s gave placement %s", pl_str(all[i], a),
+                 pl_str(all[j], b), pl_str(got, a));
+      }
+      if (!same && me0 && !c->bad) {
+        c->bad = true;
+        snprintf(c->msg, sizeof c->msg,
+                 "R -> %s -> %s -> R does not give the tensor back (global values changed)",
+                 pl_str(all[i], a), pl_str(all[j], b));
+      }
+      TSR_CHECK_GOTO(adjoint(r, m, full, all[i], all[j], &back), st);
+      same = tsr_tensor_equal(back, full);
+      tsr_tensor_free(back);
+      back = NULL;
+      if (!same && me0 && !c->bad) {
+        c->bad = true;
+        snprintf(c->msg, sizeof c->msg,
+                 "the adjoint of %s -> %s changes the gradient's global values", pl_str(all[i], a),
+                 pl_str(all[j], b));
+      }
+    }
+cleanup:
+  tsr_tensor_free(back);
+  tsr_tensor_free(full);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static cf_result redist_body(const cf_plugin *p, const cf_test *t, const void *found,
+                             const tsr_registry_t *reg, char *msg, size_t len) {
+  const cf_item *it = &p->items[t->item];
+  const tsr_redistribute_rule *rule = found;
+  int n = t->n, computed = 0, matched = 0;
+  const int64_t shapes[2][3] = {{7, 7, 11}, {2 * n, 4 * n, 2 * n}};
+  char why[CF_MSG] = "";
+  cf_result res = CF_PASS;
+  for (int sv = 0; sv < 2 && res == CF_PASS; sv++) {
+    l2_redist c = {.rule = rule, .reg = reg, .dim = it->dim};
+    memcpy(c.shape, shapes[sv], sizeof c.shape);
+    tsr_status st = tsr_local_launch(n, L2_TIMEOUT_S, redist_rank, &c);
+    matched += c.matched;
+    if (st == TSR_OK && c.bad)
+      res = cf_say(msg, len, CF_FAIL, "%s=%d, shape [%lld, %lld, %lld]: %s", it->dim, n,
+                   (long long)c.shape[0], (long long)c.shape[1], (long long)c.shape[2], c.msg);
+    else if (st == TSR_OK)
+      computed++;
+    else if (refusal(st) && !why[0])
+      snprintf(why, sizeof why, "%s", tsr_last_error());
+    else if (!refusal(st))
+      res = cf_say(msg, len, CF_FAIL, "%s=%d: %s: %s", it->dim, n, tsr_status_name(st),
+                   tsr_last_error());
+  }
+  if (res == CF_PASS && !matched)
+    res = cf_say(msg, len, CF_NOTSUP, "match() accepts no placement pair of R, S(0..2), P(sum)");
+  else if (res == CF_PASS && !computed)
+    res = cf_say(msg, len, CF_NOTSUP, "refuses every shape tried: %s", why);
+  else if (res == CF_PASS)
+    res = cf_say(msg, len, CF_PASS, "%d placement pairs exact both ways%s%s", matched,
+                 why[0] ? "; refused: " : "", why);
+  return res;
+}
+
+static cf_result l2_redist_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  return over_variants(p, t, t->n, redist_body, msg, len);
+}
+
+/* ---- Schedules ---- */
+
+#define L2_MAX_MB      6
+#define L2_MAX_ACTIONS 1024
+
+#define L2_MAX_CHUNKS 8
+
+static const char *action_name(int k) {
+  static const char *const names[] = {"forward",        "backward",       "send_act",
+                                      "recv_act",       "send_grad",      "recv_grad",
+                                      "backward_input", "backward_weight"};
+  return k >= 0 && k < 8 ? names[k] : "unknown action";
+}
+
+/* Per (stage, chunk, microbatch): what has happened. */
+typedef struct l2_pipe_state {
+  bool fwd, bin, bw, got_act, got_grad, sent_act, sent_grad;
+} l2_pipe_state;
+
+/* Runs the stages' lists against each other. Rank s holds chunks 0..C-1, chunk c being virtual
+ * stage c * S + s (the interleaved layout; C = 1 otherwise); activations go from virtual stage v
+ * to v + 1 and gradients back. Sends never block, a receive waits for its send, and transfers
+ * past either end of the pipeline are no-ops (the executor drops them). A backward is one
+ * BACKWARD or a BACKWARD_INPUT followed by a BACKWARD_WEIGHT. False with a reason on a malformed
+ * list or a deadlock. */
+static bool simulate(int S, int M, tsr_pipe_action (*acts)[L2_MAX_ACTIONS], const int *nact,
+                     char *msg, size_t len) {
+  static l2_pipe_state st[4][L2_MAX_CHUNKS][L2_MAX_MB];
+  memset(st, 0, sizeof st);
+  int idx[4] = {0}, C = 1;
+  for (int s = 0; s < S; s++)
+    for (int i = 0; i < nact[s]; i++) {
+      tsr_pipe_action a = acts[s][i];
+      if (a.microbatch < 0 || a.microbatch >= M || a.chunk < 0 || a.chunk >= L2_MAX_CHUNKS) {
+        snprintf(msg, len, "stage %d action %d (%s): microbatch %d or chunk %d out of range", s, i,
+                 action_name((int)a.kind), a.microbatch, a.chunk);
+        return false;
+      }
+      if (a.chunk + 1 > C) C = a.chunk + 1;
+    }
+  int V = S * C;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < S; s++)
+      while (idx[s] < nact[s]) {
+        tsr_pipe_action a = acts[s][idx[s]];
+        int mb = a.microbatch, c = a.chunk, v = c * S + s;
+        l2_pipe_state *x = &st[s][c][mb];
+        l2_pipe_state *prev = v > 0 ? &st[(v - 1) % S][(v - 1) / S][mb] : NULL;
+        l2_pipe_state *next = v < V - 1 ? &st[(v + 1) % S][(v + 1) / S][mb] : NULL;
+        bool ok = true, ready = true;
+        switch ((int)a.kind) {
+          case TSR_PIPE_FORWARD:
+            ok = !x->fwd && (!prev || x->got_act);
+            x->fwd = true;
+            break;
+          case TSR_PIPE_BACKWARD:
+            ok = x->fwd && !x->bin && !x->bw && (!next || x->got_grad);
+            x->bin = x->bw = true;
+            break;
+          case 6: /* TSR_PIPE_BACKWARD_INPUT */
+            ok = x->fwd && !x->bin && (!next || x->got_grad);
+            x->bin = true;
+            break;
+          case 7: /* TSR_PIPE_BACKWARD_WEIGHT */
+            ok = x->bin && !x->bw;
+            x->bw = true;
+            break;
+          case TSR_PIPE_SEND_ACT:
+            ok = x->fwd && !x->sent_act;
+            x->sent_act = true;
+            break;
+          case TSR_PIPE_SEND_GRAD:
+            ok = x->bin && !x->sent_grad;
+            x->sent_grad = true;
+            break;
+          case TSR_PIPE_RECV_ACT:
+            ok = !x->got_act;
+            ready = !prev || prev->sent_act;
+            if (ok && ready) x->got_act = true;
+            break;
+          case TSR_PIPE_RECV_GRAD:
+            ok = !x->got_grad;
+            ready = !next || next->sent_grad;
+            if (ok && ready) x->got_grad = true;
+            break;
+          default:
+            ok = false;
+        }
+        if (!ok) {
+          snprintf(msg, len,
+                   "stage %d of %d, action %d (%s of microbatch %d, chunk %d) is out of order, "
+                   "repeated or unknown",
+                   s, S, idx[s], action_name((int)a.kind), mb, c);
+          return false;
+        }
+        if (!ready) break;
+        idx[s]++;
+        progress = true;
+      }
+  }
+  for (int s = 0; s < S; s++) {
+    if (idx[s] < nact[s]) {
+      tsr_pipe_action a = acts[s][idx[s]];
+      snprintf(msg, len,
+               "deadlock: stage %d of %d waits at action %d (%s of microbatch %d, chunk %d) for "
+               "a send that never comes",
+               s, S, idx[s], action_name((int)a.kind), a.microbatch, a.chunk);
+      return false;
+    }
+    for (int c = 0; c < C; c++)
+      for (int mb = 0; mb < M; mb++) {
+        const l2_pipe_state *x = &st[s][c][mb];
+        int v = c * S + s;
+        if (!x->fwd || !x->bin || !x->bw || (v < V - 1 && !x->sent_act) ||
+            (v > 0 && !x->sent_grad)) {
+          snprintf(msg, len,
+                   "stage %d of %d never completes microbatch %d of chunk %d (forward, backward "
+                   "and its sends)",
+                   s, S, mb, c);
+          return false;
+        }
+      }
+  }
+  return true;
+}
+
+static cf_result sched_body(const cf_plugin *p, const cf_test *t, const void *found,
+                            const tsr_registry_t *reg, char *msg, size_t len) {
+  (void)p, (void)reg;
+  const tsr_schedule *sched = found;
+  static tsr_pipe_action acts[4][L2_MAX_ACTIONS];
+  int nact[4], S = t->n, ok = 0, refused = 0;
+  char why[CF_MSG] = "";
+  cf_result res = CF_PASS;
+  for (int M = 1; M <= L2_MAX_MB && res == CF_PASS; M++) {
+    tsr_status st = TSR_OK;
+    for (int s = 0; s < S && st == TSR_OK; s++) {
+      tsr_clear_error();
+      st = sched->build(S, M, s, acts[s], L2_MAX_ACTIONS, &nact[s], sched->ctx);
+      if (st == TSR_OK && (nact[s] < 0 || nact[s] > L2_MAX_ACTIONS))
+        res = cf_say(msg, len, CF_FAIL, "%d stages, %d microbatches: stage %d reports %d actions",
+                     S, M, s, nact[s]);
+    }
+    if (res != CF_PASS) break;
+    if (st != TSR_OK) {
+      if (st != TSR_EINVAL || !tsr_last_error()[0])
+        res = cf_say(msg, len, CF_FAIL, "%d stages, %d microbatches: build returned %s%s%s", S, M,
+                     tsr_status_name(st), tsr_last_error()[0] ? ": " : " without a message",
+                     tsr_last_error());
+      else if (!refused++)
+        snprintf(why, sizeof why, "%d microbatches: %s", M, tsr_last_error());
+      continue;
+    }
+    char m2[CF_MSG];
+    if (!simulate(S, M, acts, nact, m2, sizeof m2))
+      res = cf_say(msg, len, CF_FAIL, "%d microbatches: %s", M, m2);
+    else
+      ok++;
+  }
+  if (res != CF_PASS) return res;
+  if (!ok)
+    return cf_say(msg, len, CF_NOTSUP, "refuses every microbatch count 1-%d: %s", L2_MAX_MB, why);
+  return cf_say(msg, len, CF_PASS, "%d microbatch counts consistent%s%s", ok,
+                refused ? "; refused: " : "", why);
+}
+
+static cf_result l2_schedule(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  return over_variants(p, t, 1, sched_body, msg, len);
+}
+
+/* ---- The test list ---- */
 
 void cf_add_l2(const cf_plugin *p) {
-  (void)p;
+  static const char *const kinds[] = {"op", "redistribute", "style", "schedule"};
+  static const cf_test_fn fns[] = {l2_op, l2_redist_test, l2_style, l2_schedule};
+  if (p->described && p->name[0] && !p->loaded) {
+    /* discovery could not load it: one failed test says so instead of silence */
+    return;
+  }
+  bool any = false;
+  for (int i = 0; i < p->nitems; i++) {
+    const cf_item *it = &p->items[i];
+    for (int n = 1; n <= 4; n++) {
+      char name[160];
+      if (it->kind == CF_ITEM_SCHED)
+        snprintf(name, sizeof name, "L2.schedule.%s.stages=%d", it->name, n);
+      else if (it->kind == CF_ITEM_OP)
+        snprintf(name, sizeof name, "L2.op.%s.%s=%d", it->name, it->dim, n);
+      else
+        snprintf(name, sizeof name, "L2.%s.%s.%s=%d", kinds[it->kind], it->name, it->dim, n);
+      cf_add_test(name, 2, fns[it->kind], i, n, NULL);
+      any = true;
+    }
+  }
+  (void)any;
 }
