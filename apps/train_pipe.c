@@ -38,8 +38,38 @@ static tsr_status find_pipe(const tsr_app_job *job, const tsr_schedule **sched, 
   return TSR_OK;
 }
 
+/* The stage layout of [strategy.OWNER] stages_per_rank and layers_per_stage (validated by the
+ * owner at plan time); *n = 0 for an even split. */
+static void pipe_layout(const tsr_app_job *job, int *spr, int *counts, int cap, int *n) {
+  const char *v = owner_key(job, "stages_per_rank"), *l = owner_key(job, "layers_per_stage");
+  *spr = v ? atoi(v) : 1;
+  *n = 0;
+  for (const char *at = l; at && *at && *n < cap;) {
+    char *end = NULL;
+    long x = strtol(at, &end, 10);
+    if (end == at) break;
+    counts[(*n)++] = (int)x;
+    for (at = end; *at == ',' || *at == ' ' || *at == '\t'; at++) {
+    }
+  }
+}
+
 tsr_status tsr_train_pipe_setup(tsr_train_rank *t) {
-  return find_pipe(t->job, &t->pipe, &t->microbatches);
+  TSR_CHECK(find_pipe(t->job, &t->pipe, &t->microbatches));
+  if (!t->pipe) return TSR_OK;
+  int spr = 1, n = 0, counts[1024];
+  pipe_layout(t->job, &spr, counts, 1024, &n);
+  if (spr <= 1 && n == 0) return TSR_OK;
+  /* The caller built the model with the even one-stage-per-rank layout; lay it out again as the
+   * job asks. The values do not depend on the layout, so nothing else changes. */
+  tsr_llama_config mc = *tsr_llama_get_config(t->model);
+  tsr_llama_layout layout = {spr, counts, n};
+  tsr_llama_free(t->model);
+  t->model = NULL;
+  tsr_status st = tsr_llama_new_staged(t->r, t->job->mesh, &mc, (uint64_t)t->job->cfg->job.seed,
+                                       &layout, &t->model);
+  if (st != TSR_OK) return tsr_error_prefix(st, "[strategy.pp] stage layout");
+  return TSR_OK;
 }
 
 static tsr_status keep_events(tsr_train_rank *t, int64_t step, const tsr_pipe_result *res) {
@@ -110,14 +140,22 @@ void tsr_train_pipe_print_plan(const tsr_app_job *job, FILE *f) {
     return;
   }
   if (!sched) return;
+  int spr = 1, n = 0, counts[1024];
+  pipe_layout(job, &spr, counts, 1024, &n);
   fprintf(f, "pipeline:\n");
-  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, "pp"), mb, f);
+  if (n) {
+    fprintf(f, "  layers per stage:");
+    for (int i = 0; i < n; i++) fprintf(f, " %d", counts[i]);
+    fprintf(f, "\n");
+  }
+  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, "pp"), spr > 1 ? spr : 1, mb, f);
 }
 
 static const char *kind_name(int kind) {
-  static const char *const names[] = {"forward",  "backward",  "send_act",
-                                      "recv_act", "send_grad", "recv_grad"};
-  return kind >= 0 && kind < 6 ? names[kind] : "?";
+  static const char *const names[] = {"forward",        "backward",       "send_act",
+                                      "recv_act",       "send_grad",      "recv_grad",
+                                      "backward_input", "backward_weight"};
+  return kind >= 0 && kind < 8 ? names[kind] : "?";
 }
 
 /* Rank 0 prints each rank's peak of microbatches in flight (activations held at once). */
@@ -127,8 +165,14 @@ static tsr_status report_in_flight(tsr_train_rank *t, tsr_group_t *all, FILE *ou
   if (!every) return TSR_ERROR(TSR_ENOMEM, "out of memory");
   tsr_status st = tsr_comm_all_gather(all, &mine, 1, every, NULL, TSR_I32);
   if (st == TSR_OK && tsr_group_index(all) == 0) {
-    fprintf(out, "pipeline: schedule %s, %d microbatches; peak microbatches in flight per rank:",
-            t->pipe->name, t->microbatches);
+    if (tsr_llama_stages_per_rank(t->model) > 1)
+      fprintf(out,
+              "pipeline: schedule %s, %d microbatches, %d chunks per rank; peak (microbatch, "
+              "chunk) activation sets in flight per rank:",
+              t->pipe->name, t->microbatches, tsr_llama_stages_per_rank(t->model));
+    else
+      fprintf(out, "pipeline: schedule %s, %d microbatches; peak microbatches in flight per rank:",
+              t->pipe->name, t->microbatches);
     for (int r = 0; r < world; r++) fprintf(out, " %d", every[r]);
     fprintf(out, "\n");
   }
@@ -146,8 +190,9 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
   size_t *counts = calloc((size_t)world, sizeof *counts);
   int64_t *mine = malloc(((size_t)t->nevents * 6 + 1) * sizeof *mine), *every = NULL;
   int64_t n = t->nevents, *ns = calloc((size_t)world, sizeof *ns);
-  int stage = 0;
-  for (int s = 0; s < tsr_llama_stage_count(t->model); s++)
+  /* the rank's pp index: its first stage; an event's stage is chunk * pp + that */
+  int stage = 0, P = tsr_llama_stage_count(t->model) / tsr_llama_stages_per_rank(t->model);
+  for (int s = P - 1; s >= 0; s--)
     if (tsr_mesh_contains(tsr_llama_stage_mesh(t->model, s), tsr_rank_id(t->r))) stage = s;
   tsr_status st = TSR_OK;
   if (!counts || !mine || !ns) {
@@ -157,7 +202,8 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
   for (int i = 0; i < t->nevents; i++) {
     int64_t *e = mine + 6 * i;
     e[0] = t->event_steps[i], e[1] = t->events[i].kind, e[2] = t->events[i].microbatch;
-    e[3] = stage, e[4] = (int64_t)(t->events[i].t0 * 1e9), e[5] = (int64_t)(t->events[i].t1 * 1e9);
+    e[3] = t->events[i].chunk * P + stage, e[4] = (int64_t)(t->events[i].t0 * 1e9),
+    e[5] = (int64_t)(t->events[i].t1 * 1e9);
   }
   TSR_CHECK_GOTO(tsr_comm_all_gather(all, &n, 1, ns, NULL, TSR_I64), st);
   size_t total = 0;

@@ -1,11 +1,13 @@
-/* Pipeline bubble: measured from the executed schedule's events against the schedule's analytic
- * bubble, for gpipe and 1f1b at pp = 2 and 4 with 8 microbatches (interleaved_1f1b is not
- * implemented in this build). One training step of a small Llama per row, after a warm-up step;
- * ranks are threads of the local backend with one kernel thread each, so the figures are only
- * meaningful with at least pp free cores.
+/* Pipeline bubble: measured from the executed schedule's events (what [output] trace writes)
+ * against the schedule's analytic bubble, for gpipe, 1f1b, interleaved_1f1b (2 chunks per rank)
+ * and zero_bubble at pp = 2 and 4 with 8 microbatches. One training step of a small Llama per
+ * row, after a warm-up step; ranks are threads of the local backend with one kernel thread each,
+ * so the figures are only meaningful with at least pp free cores.
  *
- * measured = 1 - mean over ranks of (forward + backward time) / (the step's span over all ranks)
- * analytic = the schedule simulated with backward = 2 x forward, free transfers
+ * measured = 1 - mean over ranks of (compute time: forwards, backwards and their parts) / (the
+ *            step's span over all ranks)
+ * analytic = the schedule simulated with backward = 2 x forward (each half of a split backward
+ *            1 x), free transfers
  *
  * usage: bench_pp [hidden] [seq]
  */
@@ -23,6 +25,7 @@
 typedef struct bench_ctx {
   int pp, hidden, seq;
   const tsr_schedule *sched;
+  int chunks;
   double busy[8], t0[8], t1[8];
 } bench_ctx;
 
@@ -52,7 +55,8 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
   for (int i = 0; i < ROWS * b->seq; i++) ids[i] = (i * 7) % 256, labels[i] = (i * 7 + 1) % 256;
   TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(b->pp, 1, shape, names, &m), st);
-  TSR_CHECK_GOTO(tsr_llama_new(r, m, &c, 1, &model), st);
+  tsr_llama_layout layout = {b->chunks, NULL, 0};
+  TSR_CHECK_GOTO(tsr_llama_new_staged(r, m, &c, 1, &layout, &model), st);
   for (int step = 0; step < 2; step++) {
     tsr_pipe_result res;
     TSR_CHECK_GOTO(
@@ -60,7 +64,9 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
         st);
     double busy = 0, t0 = res.events[0].t0, t1 = res.events[res.nevents - 1].t1;
     for (int i = 0; i < res.nevents; i++)
-      if (res.events[i].kind == TSR_PIPE_FORWARD || res.events[i].kind == TSR_PIPE_BACKWARD)
+      if (res.events[i].kind == TSR_PIPE_FORWARD || res.events[i].kind == TSR_PIPE_BACKWARD ||
+          res.events[i].kind == TSR_PIPE_BACKWARD_INPUT ||
+          res.events[i].kind == TSR_PIPE_BACKWARD_WEIGHT)
         busy += res.events[i].t1 - res.events[i].t0;
     b->busy[me] = busy, b->t0[me] = t0, b->t1[me] = t1;
     tsr_pipe_result_free(&res);
@@ -78,15 +84,21 @@ cleanup:
 
 int main(int argc, char **argv) {
   int hidden = argc > 1 ? atoi(argv[1]) : 128, seq = argc > 2 ? atoi(argv[2]) : 64;
-  static const tsr_schedule scheds[2] = {{"gpipe", "bench", tsr_pp_gpipe, NULL},
-                                         {"1f1b", "bench", tsr_pp_1f1b, NULL}};
+  static const tsr_schedule scheds[4] = {
+      {"gpipe", "bench", tsr_pp_gpipe, NULL},
+      {"1f1b", "bench", tsr_pp_1f1b, NULL},
+      {"interleaved_1f1b", "bench", tsr_pp_interleaved, (void *)(intptr_t)2},
+      {"zero_bubble", "bench", tsr_pp_zero_bubble, NULL}};
+  static const int chunks[4] = {1, 1, 2, 1};
   printf("pipeline bubble, %d microbatches of %d rows x %d tokens, hidden %d, 8 layers, %d "
          "cores\n",
          MB, ROWS / MB, seq, hidden, tsr_kernel_num_cores());
-  printf("%-18s %3s %10s %10s %12s\n", "schedule", "pp", "analytic", "measured", "step ms");
-  for (int s = 0; s < 2; s++)
+  printf("%-18s %3s %6s %10s %10s %12s\n", "schedule", "pp", "chunks", "analytic", "measured",
+         "step ms");
+  for (int s = 0; s < 4; s++)
     for (int pp = 2; pp <= 4; pp *= 2) {
-      bench_ctx b = {.pp = pp, .hidden = hidden, .seq = seq, .sched = &scheds[s]};
+      bench_ctx b = {
+          .pp = pp, .hidden = hidden, .seq = seq, .sched = &scheds[s], .chunks = chunks[s]};
       if (tsr_local_launch(pp, 120.0, run, &b) != TSR_OK) {
         fprintf(stderr, "bench_pp: %s\n", tsr_last_error());
         return 1;
@@ -97,11 +109,9 @@ int main(int argc, char **argv) {
         t1 = b.t1[r] > t1 ? b.t1[r] : t1;
         busy += b.busy[r] / pp;
       }
-      double analytic = tsr_pipe_simulate(&scheds[s], pp, MB, 1.0, 2.0, NULL, NULL);
-      printf("%-18s %3d %10.3f %10.3f %12.1f\n", scheds[s].name, pp, analytic,
+      double analytic = tsr_pipe_simulate(&scheds[s], pp, chunks[s], MB, 1.0, 2.0, NULL);
+      printf("%-18s %3d %6d %10.3f %10.3f %12.1f\n", scheds[s].name, pp, chunks[s], analytic,
              1.0 - busy / (t1 - t0), (t1 - t0) * 1e3);
     }
-  printf("%-18s %3s %10s %10s %12s\n", "interleaved_1f1b", "2,4", "n/a", "n/a",
-         "(not implemented)");
   return 0;
 }

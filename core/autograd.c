@@ -25,8 +25,25 @@ typedef struct transient {
   tsr_var *v, *src;
 } transient;
 
+/* A backward split by tsr_tape_backward_input, waiting for tsr_tape_backward_weight. */
+typedef enum split_kind {
+  SPLIT_NONE = 0,
+  SPLIT_WEIGHT_LATER = 1,
+  SPLIT_WHOLE_LATER = 2
+} split_kind;
+
+typedef struct split_state {
+  int nnodes;          /* the tape's node count when it was split */
+  unsigned char *act;  /* (nnodes) the node's outputs lead to one of the inputs */
+  unsigned char *kind; /* (nnodes) split_kind */
+  tsr_dtensor **grads; /* (nnodes * TAPE_MAX_IO) kept output gradients of WEIGHT_LATER */
+  tsr_var **inputs;    /* (ninputs) borrowed */
+  int ninputs, ndeferred;
+} split_state;
+
 struct tsr_tape_t {
   tsr_rank_t *r;
+  split_state *split; /* NULL unless a split backward is pending */
   bool recording;
   tape_node *nodes; /* (nnodes) in execution order */
   int nnodes, node_cap;
@@ -52,7 +69,20 @@ static void release_saved(void *saved, void (*free_saved)(void *)) {
     free(saved);
 }
 
+static void split_free(tsr_tape_t *t) {
+  split_state *sp = t->split;
+  if (!sp) return;
+  for (int i = 0; sp->grads && i < sp->nnodes * TAPE_MAX_IO; i++) tsr_dtensor_free(sp->grads[i]);
+  free(sp->act);
+  free(sp->kind);
+  free(sp->grads);
+  free(sp->inputs);
+  free(sp);
+  t->split = NULL;
+}
+
 void tsr_tape_reset(tsr_tape_t *t) {
+  split_free(t);
   for (int i = 0; i < t->nnodes; i++) release_saved(t->nodes[i].saved, t->nodes[i].free_saved);
   for (int i = 0; i < t->nvars; i++) tsr_var_free(t->vars[i]);
   t->nnodes = 0;
@@ -401,4 +431,164 @@ tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v) {
   tsr_dtensor_free(v->grad);
   v->grad = g;
   return TSR_OK;
+}
+
+/* ---- split backward (tessera/autograd.h) ---- */
+
+int tsr_tape_deferred_count(const tsr_tape_t *t) {
+  return t->split ? t->split->ndeferred : 0;
+}
+
+/* Whether v's gradient leads to one of the split's inputs. */
+static bool split_is_act(const split_state *sp, const tsr_var *v) {
+  if (v->node >= 0) return v->node < sp->nnodes && sp->act[v->node];
+  for (int j = 0; j < sp->ninputs; j++)
+    if (sp->inputs[j] == v) return true;
+  return false;
+}
+
+/* Runs node's backward with the inputs on one side (act: those leading to an input, or the
+ * others) made not to require grad for the call, so the op computes only the other side's
+ * gradients. Output gradients are left in place. */
+static tsr_status split_run(tsr_tape_t *t, tape_node *node, bool mask_act) {
+  const split_state *sp = t->split;
+  bool masked[TAPE_MAX_IO] = {0};
+  for (int j = 0; j < node->ninputs; j++)
+    if (node->inputs[j]->requires_grad && split_is_act(sp, node->inputs[j]) == mask_act) {
+      node->inputs[j]->requires_grad = false;
+      masked[j] = true;
+    }
+  tsr_status st = TSR_OK;
+  for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
+    if (node->remat[j] && !node->inputs[j]->value->local)
+      st = rebuild_local(t, node->inputs[j], node->remat[j]);
+  if (st == TSR_OK)
+    st = node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+  for (int j = 0; j < node->ninputs; j++) {
+    if (node->remat[j]) drop_local(node->inputs[j]);
+    if (masked[j]) node->inputs[j]->requires_grad = true;
+  }
+  if (st != TSR_OK)
+    return tsr_error_prefix(st, "%s backward of '%s'", mask_act ? "weight" : "input", node->op);
+  return TSR_OK;
+}
+
+/* A node whose weight-gradient half can wait: a linear (its backward computes each input's
+ * gradient only when that input requires grad) with inputs on both sides. */
+static bool splittable(const split_state *sp, const tape_node *node) {
+  if (strcmp(node->op, "linear") != 0) return false;
+  bool act = false, weight = false;
+  for (int j = 0; j < node->ninputs; j++) {
+    if (!node->inputs[j]->requires_grad) continue;
+    if (split_is_act(sp, node->inputs[j]))
+      act = true;
+    else
+      weight = true;
+  }
+  return act && weight;
+}
+
+tsr_status tsr_tape_backward_input(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad,
+                                   tsr_var *const *inputs, int ninputs) {
+  if (t->split) {
+    tsr_dtensor_free(grad);
+    return TSR_ERROR(TSR_EINVAL,
+                     "backward_input: the tape's previous split backward still waits for "
+                     "tsr_tape_backward_weight");
+  }
+  bool same = grad->ndim == out->value->ndim;
+  for (int d = 0; same && d < grad->ndim; d++) same = grad->shape[d] == out->value->shape[d];
+  if (!same || !out->requires_grad) {
+    tsr_dtensor_free(grad);
+    return TSR_ERROR(TSR_EINVAL, same ? "backward_input from a value that depends on no parameter"
+                                      : "backward_input: the output gradient's shape differs "
+                                        "from the output's");
+  }
+  split_state *sp = calloc(1, sizeof *sp);
+  int n = t->nnodes;
+  if (sp) {
+    sp->nnodes = n;
+    sp->act = calloc((size_t)n + 1, 1);
+    sp->kind = calloc((size_t)n + 1, 1);
+    sp->grads = calloc((size_t)n * TAPE_MAX_IO + 1, sizeof *sp->grads);
+    sp->inputs = calloc((size_t)ninputs + 1, sizeof *sp->inputs);
+  }
+  t->split = sp;
+  if (!sp || !sp->act || !sp->kind || !sp->grads || !sp->inputs) {
+    split_free(t);
+    tsr_dtensor_free(grad);
+    return TSR_ERROR(TSR_ENOMEM, "out of memory splitting a backward of %d nodes", n);
+  }
+  if (ninputs) memcpy(sp->inputs, inputs, sizeof *inputs * (size_t)ninputs);
+  sp->ninputs = ninputs;
+  /* forward order: a node leads to an input when one of its inputs does */
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < t->nodes[i].ninputs && !sp->act[i]; j++)
+      sp->act[i] = split_is_act(sp, t->nodes[i].inputs[j]);
+  tsr_status st = tsr_var_accumulate_grad(t, out, grad);
+  for (int i = n - 1; i >= 0 && st == TSR_OK; i--) {
+    tape_node *node = &t->nodes[i];
+    bool reached = false;
+    for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
+    if (!sp->act[i]) {
+      sp->kind[i] = SPLIT_WHOLE_LATER; /* its gradients reach weights only */
+      sp->ndeferred++;
+    } else if (reached && splittable(sp, node)) {
+      st = split_run(t, node, false);
+      for (int k = 0; k < node->noutputs; k++) {
+        sp->grads[i * TAPE_MAX_IO + k] = node->outputs[k]->grad;
+        node->outputs[k]->grad = NULL;
+      }
+      sp->kind[i] = SPLIT_WEIGHT_LATER;
+      sp->ndeferred++;
+    } else if (reached) {
+      st = backward_node(t, node);
+    }
+  }
+  if (st != TSR_OK) split_free(t);
+  return st;
+}
+
+tsr_status tsr_tape_backward_weight(tsr_tape_t *t) {
+  split_state *sp = t->split;
+  if (!sp)
+    return TSR_ERROR(TSR_EINVAL, "backward_weight: no split backward is pending (call "
+                                 "tsr_tape_backward_input first)");
+  const tsr_registry_t *reg = tsr_rank_registry(t->r);
+  int nhooks = tsr_registry_grad_hook_count(reg), nuses = 0, next = 0;
+  leaf_use *uses = NULL;
+  tsr_status st = TSR_OK;
+  if (nhooks) st = leaf_first_uses(t, &uses, &nuses);
+  for (int i = sp->nnodes - 1; i >= 0 && st == TSR_OK; i--) {
+    tape_node *node = &t->nodes[i];
+    if (sp->kind[i] == SPLIT_WEIGHT_LATER) {
+      for (int k = 0; k < node->noutputs; k++) {
+        tsr_var_zero_grad(node->outputs[k]);
+        node->outputs[k]->grad = sp->grads[i * TAPE_MAX_IO + k];
+        sp->grads[i * TAPE_MAX_IO + k] = NULL;
+      }
+      st = split_run(t, node, true);
+      for (int k = 0; k < node->noutputs; k++) tsr_var_zero_grad(node->outputs[k]);
+    } else if (sp->kind[i] == SPLIT_WHOLE_LATER) {
+      bool reached = false;
+      for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
+      if (reached) st = backward_node(t, node);
+    }
+    for (; st == TSR_OK && next < nuses && uses[next].node == i; next++)
+      for (int h = 0; h < nhooks && st == TSR_OK; h++) {
+        const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+        st = hook->ready(t->r, uses[next].v, hook->ctx);
+        if (st != TSR_OK)
+          tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
+                           uses[next].v->name ? uses[next].v->name : "(unnamed)");
+      }
+  }
+  for (int h = 0; h < nhooks && st == TSR_OK; h++) {
+    const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+    if (hook->done && (st = hook->done(t->r, hook->ctx)) != TSR_OK)
+      tsr_error_prefix(st, "gradient hook %s at the end of backward", hook->name);
+  }
+  free(uses);
+  split_free(t);
+  return st;
 }

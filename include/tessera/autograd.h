@@ -57,6 +57,27 @@ tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss);
  * as out, any placements), as torch's out.backward(gradient). */
 tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad);
 
+/* Split backward, for zero-bubble pipeline schedules: the part of a backward that the previous
+ * pipeline stage waits for (the input gradients) runs first, and the weight gradients later.
+ *
+ * tsr_tape_backward_input runs backward from `out` (as tsr_tape_backward_with; `grad`'s
+ * ownership moves) but computes only what the gradients of `inputs` (ninputs vars, may be 0)
+ * need. The rest is deferred: a "linear" node on the path to an input computes only its input
+ * gradient now and keeps its output gradient, its weight gradient (the second GEMM) running
+ * later; a node with no path to an input (an embedding, a weight's gather) runs later whole.
+ * Other nodes on the path run whole now (their weight gradients are a few reductions). No
+ * gradient hook fires; afterwards each of `inputs` has its final gradient.
+ * tsr_tape_backward_weight then runs the deferred work in reverse node order and fires the
+ * gradient hooks as tsr_tape_backward_with does, leaving every parameter's gradient as one
+ * tsr_tape_backward_with would have. TSR_EINVAL when nothing is deferred (no
+ * tsr_tape_backward_input before) or, for backward_input, when a split is already pending.
+ * tsr_tape_reset drops a pending split. */
+tsr_status tsr_tape_backward_input(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad,
+                                   tsr_var *const *inputs, int ninputs);
+tsr_status tsr_tape_backward_weight(tsr_tape_t *t);
+/* Number of nodes whose work tsr_tape_backward_input deferred (0 when none is pending). */
+int tsr_tape_deferred_count(const tsr_tape_t *t);
+
 /* Gradient hooks. While backward runs, the hooks of the rank's registry (tsr_grad_hook in
  * tessera/registry.h) hear of every leaf that requires grad as soon as its gradient is final:
  * right after the node of the leaf's first use in forward order has been differentiated, since

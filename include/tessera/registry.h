@@ -155,6 +155,10 @@ typedef enum tsr_pipe_action_kind {
   TSR_PIPE_RECV_ACT = 3,  /* receive the forward input from the previous stage */
   TSR_PIPE_SEND_GRAD = 4, /* send the input gradient to the previous stage */
   TSR_PIPE_RECV_GRAD = 5, /* receive the output gradient from the next stage */
+  /* Split backward (zero-bubble schedules): the input-gradient part, which the previous stage
+   * waits for, and the weight-gradient part, which nothing downstream waits for. */
+  TSR_PIPE_BACKWARD_INPUT = 6,
+  TSR_PIPE_BACKWARD_WEIGHT = 7,
 } tsr_pipe_action_kind;
 
 typedef struct tsr_pipe_action {

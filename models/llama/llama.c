@@ -32,8 +32,10 @@ typedef struct llama_layer {
 struct tsr_llama_t {
   tsr_rank_t *r;
   const tsr_mesh_t *mesh; /* the job's mesh */
-  tsr_mesh_t **stages;    /* (nstages) unbind(mesh, "pp"): one mesh per pipeline stage */
-  int nstages;
+  tsr_mesh_t **stages;    /* (npp) unbind(mesh, "pp"): one mesh per pp coordinate */
+  int npp;
+  int chunks;       /* stages per pp coordinate (virtual stages); stage s is on stages[s % npp] */
+  int nstages;      /* npp * chunks */
   int *layer_stage; /* (num_hidden_layers) */
   tsr_llama_config cfg;
   int head_dim;
@@ -46,6 +48,11 @@ struct tsr_llama_t {
   char (*names)[NAME_LEN]; /* (nparams) */
   tsr_tensor *storage;     /* every parameter's local tensor is a view into this */
 };
+
+/* The mesh of pipeline stage s: a pp coordinate holds the stages s, s + npp, s + 2 npp, ... */
+static const tsr_mesh_t *smesh(const tsr_llama_t *m, int s) {
+  return m->stages[s % m->npp];
+}
 
 tsr_status tsr_llama_config_check(const tsr_llama_config *c) {
   struct {
@@ -164,7 +171,7 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
     goto cleanup;
   }
   for (int i = 0; i < n; i++) {
-    const tsr_mesh_t *mesh = m->stages[specs[i].stage];
+    const tsr_mesh_t *mesh = smesh(m, specs[i].stage);
     param_placements(m, mesh, specs[i].style, pl[i]);
     TSR_CHECK_GOTO(tsr_dtensor_check_placements(mesh, pl[i], specs[i].ndim), st);
     /* a rank of another stage holds nothing of this parameter */
@@ -180,7 +187,7 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
     const param_spec *s = &specs[i];
     TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, s->ndim, s->shape, &full), st);
     fill_init(full, s->init, seed, (uint64_t)i);
-    TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, m->stages[s->stage], full, pl[i], &dist), st);
+    TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, smesh(m, s->stage), full, pl[i], &dist), st);
     int64_t count = s->ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
     if (dist->local) {
       TSR_CHECK_GOTO(tsr_tensor_narrow(m->storage, 0, at, count, &piece), st);
@@ -211,6 +218,42 @@ cleanup:
 
 tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_config *cfg,
                          uint64_t seed, tsr_llama_t **out) {
+  return tsr_llama_new_staged(r, mesh, cfg, seed, NULL, out);
+}
+
+tsr_status tsr_llama_layout_check(const tsr_llama_layout *layout, int pp, int num_layers) {
+  int chunks = layout && layout->stages_per_rank > 1 ? layout->stages_per_rank : 1;
+  int S = pp * chunks;
+  if (S > num_layers)
+    return TSR_ERROR(TSR_EINVAL,
+                     "%d pipeline stages (pp = %d x stages_per_rank = %d) but the model has %d "
+                     "layers; every stage needs at least one layer: lower pp or stages_per_rank, "
+                     "or raise num_hidden_layers",
+                     S, pp, chunks, num_layers);
+  if (!layout || !layout->nlayers_per_stage) return TSR_OK;
+  int sum = 0;
+  for (int s = 0; s < layout->nlayers_per_stage; s++) {
+    if (layout->layers_per_stage[s] < 1)
+      return TSR_ERROR(TSR_EINVAL,
+                       "layers_per_stage: stage %d has %d layers; every stage needs at least one",
+                       s, layout->layers_per_stage[s]);
+    sum += layout->layers_per_stage[s];
+  }
+  if (layout->nlayers_per_stage != S)
+    return TSR_ERROR(TSR_EINVAL,
+                     "layers_per_stage gives %d stages but the pipeline has %d (pp = %d x "
+                     "stages_per_rank = %d); give one count per stage",
+                     layout->nlayers_per_stage, S, pp, chunks);
+  if (sum != num_layers)
+    return TSR_ERROR(TSR_EINVAL,
+                     "layers_per_stage sums to %d but the model has %d layers "
+                     "(num_hidden_layers); the counts must add up to it",
+                     sum, num_layers);
+  return TSR_OK;
+}
+
+tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_config *cfg,
+                                uint64_t seed, const tsr_llama_layout *layout, tsr_llama_t **out) {
   *out = NULL;
   TSR_CHECK(tsr_llama_config_check(cfg));
   tsr_llama_t *m = calloc(1, sizeof *m);
@@ -220,11 +263,13 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
   m->cfg = *cfg;
   m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
   int Lyr = cfg->num_hidden_layers, n = 2 + 9 * Lyr + (cfg->tie_word_embeddings ? 0 : 1);
-  tsr_status st = tsr_mesh_unbind(mesh, "pp", &m->stages, &m->nstages);
+  tsr_status st = tsr_mesh_unbind(mesh, "pp", &m->stages, &m->npp);
   if (st != TSR_OK) {
     free(m);
     return st;
   }
+  m->chunks = layout && layout->stages_per_rank > 1 ? layout->stages_per_rank : 1;
+  m->nstages = m->npp * m->chunks;
   int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
   int64_t Q = (int64_t)cfg->num_attention_heads * m->head_dim;
   int64_t KV = (int64_t)cfg->num_key_value_heads * m->head_dim;
@@ -238,14 +283,20 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
     goto cleanup;
   }
   m->nparams = n;
-  if (m->nstages > Lyr) {
+  if (m->chunks > 1 && m->npp < 2) {
     st = TSR_ERROR(TSR_EINVAL,
-                   "mesh dim 'pp' has %d stages but the model has %d layers; every stage needs at "
-                   "least one layer: lower pp or raise num_hidden_layers",
-                   m->nstages, Lyr);
+                   "stages_per_rank = %d needs a mesh dim 'pp' of at least 2 (virtual stages "
+                   "alternate between pp ranks)",
+                   m->chunks);
     goto cleanup;
   }
-  tsr_llama_assign_layers(Lyr, m->nstages, m->layer_stage);
+  TSR_CHECK_GOTO(tsr_llama_layout_check(layout, m->npp, Lyr), st);
+  if (layout && layout->nlayers_per_stage) {
+    for (int s = 0, l = 0; s < m->nstages; s++)
+      for (int i = 0; i < layout->layers_per_stage[s]; i++) m->layer_stage[l++] = s;
+  } else {
+    tsr_llama_assign_layers(Lyr, m->nstages, m->layer_stage);
+  }
   int k = 0, last = m->nstages - 1, stage = 0;
   /* Specs in HF order; layer names get the layer index. */
 #define PARAM(slot_, style_, rows, cols, init_)                                                    \
@@ -293,7 +344,7 @@ void tsr_llama_free(tsr_llama_t *m) {
   if (!m) return;
   for (int i = 0; i < m->nparams; i++) tsr_var_free(m->params[i]);
   tsr_tensor_free(m->storage);
-  for (int i = 0; i < m->nstages; i++) tsr_mesh_free(m->stages[i]);
+  for (int i = 0; i < m->npp; i++) tsr_mesh_free(m->stages[i]);
   free(m->stages);
   free(m->layer_stage);
   free(m->params);
@@ -313,7 +364,13 @@ int tsr_llama_stage_count(const tsr_llama_t *m) {
   return m->nstages;
 }
 const tsr_mesh_t *tsr_llama_stage_mesh(const tsr_llama_t *m, int s) {
-  return m->stages[s];
+  return smesh(m, s);
+}
+int tsr_llama_stages_per_rank(const tsr_llama_t *m) {
+  return m->chunks;
+}
+int tsr_llama_layer_stage(const tsr_llama_t *m, int layer) {
+  return m->layer_stage[layer];
 }
 
 const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m) {
@@ -375,11 +432,11 @@ static tsr_status styled(tsr_llama_t *m, tsr_tape_t *t, const char *style, bool 
 /* Moves an activation (or a tied weight) to pipeline stage `s`, keeping its placements; a no-op
  * without pipeline stages. */
 static tsr_status to_stage(tsr_llama_t *m, tsr_tape_t *t, tsr_var *x, int s, tsr_var **out) {
-  if (tsr_mesh_equal(x->value->mesh, m->stages[s])) {
+  if (tsr_mesh_equal(x->value->mesh, smesh(m, s))) {
     *out = x;
     return TSR_OK;
   }
-  return tsr_op_redistribute(t, x, m->stages[s], x->value->placements, out);
+  return tsr_op_redistribute(t, x, smesh(m, s), x->value->placements, out);
 }
 
 static tsr_status linear(tsr_llama_t *m, tsr_tape_t *t, const char *style, tsr_var *x, tsr_var *w,
@@ -447,7 +504,7 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   if (loss) *loss = NULL;
   tsr_var *x, *e, *h, *n, *a, *f;
   int last = m->nstages - 1;
-  TSR_CHECK(place_input(t, ids, m->stages[0], &x));
+  TSR_CHECK(place_input(t, ids, smesh(m, 0), &x));
   TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
   TSR_CHECK(styled(m, t, "embedding", true, e, &h));
   for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -469,7 +526,7 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   TSR_CHECK(linear(m, t, "column_linear", n, head, logits));
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
-  TSR_CHECK(place_input(t, labels, m->stages[last], &lab));
+  TSR_CHECK(place_input(t, labels, smesh(m, last), &lab));
   return tsr_op_cross_entropy(t, *logits, lab, loss);
 }
 
@@ -484,7 +541,7 @@ tsr_rank_t *tsr_llama_rank(const tsr_llama_t *m) {
 void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placement *p) {
   static const char *const names[] = {"dp", "ulysses_cp", "ring_cp"};
   const tsr_placement want[] = {tsr_shard(0), tsr_shard(1), tsr_shard(1)};
-  const tsr_mesh_t *mesh = m->stages[stage];
+  const tsr_mesh_t *mesh = smesh(m, stage);
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
     const char *dim = tsr_mesh_dim_name(mesh, i);
     const tsr_registry_t *reg = tsr_rank_registry(m->r);
@@ -522,7 +579,7 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
                      m->nstages);
   tsr_var *h, *x, *e, *n;
   if (stage == 0) {
-    TSR_CHECK(place_input(t, ids, m->stages[0], &x));
+    TSR_CHECK(place_input(t, ids, smesh(m, 0), &x));
     TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
     TSR_CHECK(styled(m, t, "embedding", true, e, &h));
   } else {
@@ -535,13 +592,13 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
     tsr_placement p[TSR_MAX_MESH_DIMS];
     bool same = true;
     tsr_llama_stage_io_placements(m, stage, p);
-    for (int i = 0; i < tsr_mesh_ndim(m->stages[stage]); i++)
+    for (int i = 0; i < tsr_mesh_ndim(smesh(m, stage)); i++)
       same = same && tsr_placement_equal(p[i], h->value->placements[i]);
     if (same) {
       *out = h;
       return TSR_OK;
     }
-    return tsr_op_redistribute(t, h, m->stages[stage], p, out);
+    return tsr_op_redistribute(t, h, smesh(m, stage), p, out);
   }
   TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
   tsr_var *head = m->lm_head ? m->lm_head : m->embed_tokens;
@@ -550,6 +607,6 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
   if (logits) *logits = h;
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
-  TSR_CHECK(place_input(t, labels, m->stages[last], &lab));
+  TSR_CHECK(place_input(t, labels, smesh(m, last), &lab));
   return tsr_op_cross_entropy(t, h, lab, loss);
 }

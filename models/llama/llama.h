@@ -46,17 +46,41 @@ tsr_status tsr_llama_new(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_
                          uint64_t seed, tsr_llama_t **out);
 void tsr_llama_free(tsr_llama_t *m);
 
+/* How the layers are laid over the pipeline stages. With pp ranks along the mesh's `pp` dim and
+ * stages_per_rank = v, there are pp * v stages; the rank at pp index r holds stages r, r + pp,
+ * r + 2 pp, ... (virtual stages, as interleaved schedules want them). */
+typedef struct tsr_llama_layout {
+  int stages_per_rank;         /* v; 0 or 1: one stage per pp rank */
+  const int *layers_per_stage; /* (nlayers_per_stage) layers of each stage in order; borrowed */
+  int nlayers_per_stage;       /* 0: as even as possible (tsr_llama_assign_layers) */
+} tsr_llama_layout;
+
+/* TSR_EINVAL, naming the key and the fix, unless `layout` (NULL: the default) fits pp ranks and
+ * num_layers layers: one count per stage, each >= 1, summing to num_layers; at least one layer
+ * per stage. */
+tsr_status tsr_llama_layout_check(const tsr_llama_layout *layout, int pp, int num_layers);
+/* tsr_llama_new with the layers placed by `layout` (NULL: as tsr_llama_new); the parameters'
+ * values do not depend on the layout. stages_per_rank > 1 needs pp >= 2. */
+tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr_llama_config *cfg,
+                                uint64_t seed, const tsr_llama_layout *layout, tsr_llama_t **out);
+
 const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m);
 /* Parameters in HF order (embed_tokens, layers..., norm, lm_head unless tied). */
 int tsr_llama_param_count(const tsr_llama_t *m);
 tsr_var *tsr_llama_param(tsr_llama_t *m, int i);
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i);
-/* Pipeline stages: the model unbinds the mesh's `pp` dim (one stage without it). Embeddings live
+/* Pipeline stages: the model unbinds the mesh's `pp` dim (one stage without it), into pp x
+ * stages_per_rank stages. Embeddings live
  * on stage 0, the final norm and lm_head on the last, layer l on tsr_llama_assign_layers' stage;
  * a rank holds only its stage's parameters (the others have no local tensor), and activations
  * cross stages by cross-mesh redistribute. */
 int tsr_llama_stage_count(const tsr_llama_t *m);
+/* The mesh of `stage`: the pp coordinate stage % pp of the job's mesh. */
 const tsr_mesh_t *tsr_llama_stage_mesh(const tsr_llama_t *m, int stage);
+/* Stages per pp rank (tsr_llama_layout.stages_per_rank; 1 by default). */
+int tsr_llama_stages_per_rank(const tsr_llama_t *m);
+/* The stage that holds layer `layer`. */
+int tsr_llama_layer_stage(const tsr_llama_t *m, int layer);
 /* Layers as evenly as possible over the stages, earlier stages taking the extra layer:
  * (4, 2) -> [0, 0, 1, 1], (3, 2) -> [0, 0, 1]. num_stages <= num_layers. */
 void tsr_llama_assign_layers(int num_layers, int num_stages, int *stage_of_layer);

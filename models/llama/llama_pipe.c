@@ -1,9 +1,14 @@
-/* A schedule's action list run on this rank's pipeline stage (see llama_pipe.h).
+/* A schedule's action list run on this rank's pipeline stages (see llama_pipe.h).
  *
- * Transfers are blocking point-to-point messages between the ranks at the same coordinates of two
- * neighbouring stages. A send followed by a receive from the same neighbour (the forward output
- * going down while the next gradient comes up, in 1F1B's steady state) runs as one sendrecv: with
- * sends that wait for their receive, two neighbours each sending first would deadlock.
+ * The schedule orders each rank's forwards and backwards; the transfers between stages follow
+ * from its simulated timeline (tsr_pipe_timeline_build). Every message (an activation going to
+ * the next stage, a gradient coming back) gets the simulated time its producer ends at, and each
+ * rank runs the messages it takes part in in one global order, by (time, neighbour pair), before
+ * the first computation that starts at or after that time. Sends may wait for their receive
+ * (the local backend, MPI for large messages), and a rank may talk to both neighbours, and with
+ * interleaved chunks round the ring, so an order of its own per rank could wait in a cycle; one
+ * order that every rank follows cannot. A pair's two messages at one time (1F1B's steady state:
+ * an activation down while a gradient comes up) run as one sendrecv.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -18,9 +23,9 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Per microbatch state on this rank. */
+/* Per (microbatch, chunk) state on this rank. */
 typedef struct mb_state {
-  int64_t row0, rows, valid;
+  int64_t row0, rows, valid; /* shared by the chunks of a microbatch */
   tsr_tape_t *tape;
   tsr_var *ids, *labels; /* leaves on this stage's mesh, when the stage needs them */
   tsr_var *in;           /* input activation (stages > 0) */
@@ -28,16 +33,29 @@ typedef struct mb_state {
   tsr_var *loss;         /* last stage */
   tsr_dtensor *gout;     /* gradient of out received from the next stage */
   tsr_dtensor *gin;      /* gradient of in to send to the previous stage */
+  bool live;             /* forwarded and its tape not yet released */
 } mb_state;
+
+/* A transfer between two ranks' stages: time and pair order it; up to one message each way. */
+typedef struct pipe_msg {
+  double time;
+  int pair;      /* neighbour pair index (see pair_index) */
+  int peer;      /* the other rank's pp index */
+  int send_kind; /* TSR_PIPE_SEND_ACT / SEND_GRAD, or -1 */
+  int send_mb, send_chunk;
+  int recv_kind; /* TSR_PIPE_RECV_ACT / RECV_GRAD, or -1 */
+  int recv_mb, recv_chunk;
+} pipe_msg;
 
 typedef struct pipe_ctx {
   tsr_llama_t *m;
   tsr_rank_t *r;
-  int stage, nstages, M;
+  int stage;      /* pp index of this rank */
+  int P, v, V, M; /* pp ranks, chunks per rank, stages P * v, microbatches */
   int64_t seq;
-  const tsr_mesh_t *mesh; /* this stage's */
-  tsr_group_t *prev, *next;
-  mb_state *mb;
+  const tsr_mesh_t *mesh; /* this rank's */
+  const int *coords;
+  mb_state *mb;   /* (M * v) index k * v + chunk */
   double w_total; /* valid tokens of the step */
   double loss;
   bool train, want_logits;
@@ -45,18 +63,28 @@ typedef struct pipe_ctx {
   int in_flight, peak;
 } pipe_ctx;
 
-static tsr_status pair_group(tsr_rank_t *r, const tsr_mesh_t *other_mesh, const int *coords,
-                             tsr_group_t **out) {
-  int me = tsr_rank_id(r), peer = tsr_mesh_rank_at(other_mesh, coords);
+static mb_state *state(pipe_ctx *p, int k, int chunk) {
+  return &p->mb[k * p->v + chunk];
+}
+
+static int vstage(const pipe_ctx *p, int chunk) {
+  return chunk * p->P + p->stage;
+}
+
+/* Pairs (i, i + 1 mod P) are numbered i; with P = 2 both directions are pair 0. */
+static int pair_index(int a, int b, int P) {
+  int lo = a < b ? a : b, hi = a < b ? b : a;
+  return hi == lo + 1 ? lo : P - 1;
+}
+
+static tsr_status peer_group(pipe_ctx *p, int peer_pp, tsr_group_t **out) {
+  const tsr_mesh_t *other = tsr_llama_stage_mesh(p->m, peer_pp);
+  int me = tsr_rank_id(p->r), peer = tsr_mesh_rank_at(other, p->coords);
   int pair[2] = {me < peer ? me : peer, me < peer ? peer : me};
-  return tsr_comm_group(tsr_rank_comm(r), 2, pair, "pp", out);
+  return tsr_comm_group(tsr_rank_comm(p->r), 2, pair, "pp", out);
 }
 
-static int peer_index(tsr_group_t *g) {
-  return 1 - tsr_group_index(g);
-}
-
-/* A (rows, seq, C) f32 DTensor on this stage's mesh placed as the stage-boundary placements of
+/* A (rows, seq, C) f32 DTensor on this rank's mesh placed as the stage-boundary placements of
  * `boundary`, with an uninitialised local from the rank's allocator, to receive into. */
 static tsr_status boundary_tensor(pipe_ctx *p, int boundary, int64_t rows, tsr_dtensor **out) {
   int64_t shape[3] = {rows, p->seq, tsr_llama_get_config(p->m)->hidden_size}, ls[TSR_MAX_DIMS];
@@ -87,7 +115,7 @@ static tsr_status host_leaf(pipe_ctx *p, const int32_t *data, const mb_state *b,
   return st;
 }
 
-static void mb_release(mb_state *b) {
+static void mb_release(pipe_ctx *p, mb_state *b) {
   if (b->tape) tsr_tape_reset(b->tape);
   tsr_var_free(b->ids);
   tsr_var_free(b->labels);
@@ -95,21 +123,34 @@ static void mb_release(mb_state *b) {
   tsr_dtensor_free(b->gout);
   b->ids = b->labels = b->in = b->out = b->loss = NULL;
   b->gout = NULL;
+  if (b->live) p->in_flight--;
+  b->live = false;
 }
 
-static tsr_status do_forward(pipe_ctx *p, int k, const int32_t *ids, const int32_t *labels) {
-  mb_state *b = &p->mb[k];
-  int last = p->nstages - 1;
-  if (p->stage == 0) TSR_CHECK(host_leaf(p, ids, b, &b->ids));
-  if (p->stage == last) TSR_CHECK(host_leaf(p, labels, b, &b->labels));
+static double weight_of(const pipe_ctx *p, const mb_state *b) {
+  return p->w_total > 0 ? (double)b->valid / p->w_total : 0.0;
+}
+
+static tsr_status do_forward(pipe_ctx *p, int k, int chunk, const int32_t *ids,
+                             const int32_t *labels) {
+  mb_state *b = state(p, k, chunk);
+  int s = vstage(p, chunk), last = p->V - 1;
+  if (s > 0 && !b->in)
+    return TSR_ERROR(TSR_EINVAL,
+                     "pipeline schedule: forward of microbatch %d on stage %d before its input "
+                     "was received",
+                     k, s);
+  if (s == 0) TSR_CHECK(host_leaf(p, ids, b, &b->ids));
+  if (s == last) TSR_CHECK(host_leaf(p, labels, b, &b->labels));
   tsr_var *logits = NULL;
-  TSR_CHECK(tsr_llama_forward_stage(p->m, b->tape, p->stage, b->ids, b->in, b->labels, &b->out,
-                                    &logits, &b->loss));
-  if (p->stage == last) {
+  TSR_CHECK(tsr_llama_forward_stage(p->m, b->tape, s, b->ids, b->in, b->labels, &b->out, &logits,
+                                    &b->loss));
+  b->live = true;
+  if (++p->in_flight > p->peak) p->peak = p->in_flight;
+  if (s == last) {
     tsr_tensor *full = NULL;
     TSR_CHECK(tsr_dtensor_full_tensor(p->r, b->loss->value, &full));
-    double w = p->w_total > 0 ? (double)b->valid / p->w_total : 0.0;
-    p->loss += w * *(const float *)tsr_tensor_data(full);
+    p->loss += weight_of(p, b) * *(const float *)tsr_tensor_data(full);
     tsr_tensor_free(full);
     if (p->want_logits) {
       TSR_CHECK(tsr_dtensor_full_tensor(p->r, logits->value, &full));
@@ -117,204 +158,228 @@ static tsr_status do_forward(pipe_ctx *p, int k, const int32_t *ids, const int32
       tsr_tensor_free(full);
       TSR_CHECK(st);
     }
-  }
-  if (++p->in_flight > p->peak) p->peak = p->in_flight;
-  /* without backward, the last stage is done with it; others once it is sent */
-  if (!p->train && p->stage == last) {
-    mb_release(b);
-    p->in_flight--;
+    /* without backward, the last stage is done with it; others once it is sent */
+    if (!p->train) mb_release(p, b);
   }
   return TSR_OK;
 }
 
-static tsr_status do_backward(pipe_ctx *p, int k) {
-  mb_state *b = &p->mb[k];
-  if (p->stage == p->nstages - 1) {
+/* The backward of one (microbatch, chunk): whole (kind BACKWARD), its input part
+ * (BACKWARD_INPUT: the gradient the previous stage waits for, weight gradients deferred on the
+ * tape) or its weight part (BACKWARD_WEIGHT). */
+static tsr_status do_backward(pipe_ctx *p, int k, int chunk, int kind) {
+  mb_state *b = state(p, k, chunk);
+  int s = vstage(p, chunk);
+  if (kind == TSR_PIPE_BACKWARD_WEIGHT) {
+    TSR_CHECK(tsr_tape_backward_weight(b->tape));
+    mb_release(p, b);
+    return TSR_OK;
+  }
+  tsr_var *from = NULL;
+  tsr_dtensor *g = NULL;
+  if (s == p->V - 1) {
     /* the microbatch's mean loss weighs as its share of the step's valid tokens */
     tsr_tensor *one = NULL;
-    tsr_dtensor *seed = NULL;
     TSR_CHECK(tsr_tensor_new(NULL, TSR_F32, 0, NULL, &one));
-    *(float *)tsr_tensor_data(one) = (float)(p->w_total > 0 ? (double)b->valid / p->w_total : 0.0);
+    *(float *)tsr_tensor_data(one) = (float)weight_of(p, b);
     tsr_placement rep[TSR_MAX_MESH_DIMS];
     for (int i = 0; i < tsr_mesh_ndim(p->mesh); i++) rep[i] = tsr_replicate();
-    tsr_status st = tsr_dtensor_distribute(p->r, b->loss->value->mesh, one, rep, &seed);
+    tsr_status st = tsr_dtensor_distribute(p->r, b->loss->value->mesh, one, rep, &g);
     tsr_tensor_free(one);
     TSR_CHECK(st);
-    TSR_CHECK(tsr_tape_backward_with(b->tape, b->loss, seed));
+    from = b->loss;
   } else {
     if (!b->gout)
       return TSR_ERROR(TSR_EINVAL,
                        "pipeline schedule: backward of microbatch %d on stage %d "
                        "before its gradient was received",
-                       k, p->stage);
-    tsr_dtensor *g = b->gout;
+                       k, s);
+    g = b->gout;
     b->gout = NULL;
-    TSR_CHECK(tsr_tape_backward_with(b->tape, b->out, g));
+    from = b->out;
   }
-  if (p->stage > 0) {
+  if (kind == TSR_PIPE_BACKWARD_INPUT)
+    TSR_CHECK(tsr_tape_backward_input(b->tape, from, g, &b->in, s > 0 ? 1 : 0));
+  else
+    TSR_CHECK(tsr_tape_backward_with(b->tape, from, g));
+  if (s > 0) {
     tsr_placement pl[TSR_MAX_MESH_DIMS];
-    tsr_llama_stage_io_placements(p->m, p->stage - 1, pl);
+    tsr_llama_stage_io_placements(p->m, s - 1, pl);
     if (b->in->grad)
       TSR_CHECK(tsr_dtensor_redistribute(p->r, b->in->grad, p->mesh, pl, &b->gin));
     else
       TSR_CHECK(tsr_dtensor_zeros(p->r, p->mesh, TSR_F32, 3, b->in->value->shape, pl, &b->gin));
   }
-  mb_release(b);
-  p->in_flight--;
+  if (kind == TSR_PIPE_BACKWARD) mb_release(p, b);
   return TSR_OK;
 }
 
-static bool is_send(tsr_pipe_action_kind k) {
-  return k == TSR_PIPE_SEND_ACT || k == TSR_PIPE_SEND_GRAD;
-}
-
-/* The neighbour an action talks to: the next stage for activations going down and gradients
- * coming up, the previous one otherwise. */
-static tsr_group_t *action_group(const pipe_ctx *p, tsr_pipe_action_kind k) {
-  return k == TSR_PIPE_SEND_ACT || k == TSR_PIPE_RECV_GRAD ? p->next : p->prev;
-}
-
-/* Buffer of a send action, or a freshly made receive target. */
-static tsr_status comm_buffer(pipe_ctx *p, const tsr_pipe_action *a, void **buf, size_t *count) {
-  mb_state *b = &p->mb[a->microbatch];
+/* The buffer a message sends, or a fresh one it receives into. */
+static tsr_status msg_buffer(pipe_ctx *p, int kind, int k, int chunk, void **buf, size_t *count) {
+  mb_state *b = state(p, k, chunk);
   const tsr_tensor *t = NULL;
-  switch (a->kind) {
-    case TSR_PIPE_SEND_ACT:
-      if (!b->out) break;
-      t = b->out->value->local;
-      break;
-    case TSR_PIPE_SEND_GRAD:
-      if (!b->gin) break;
-      t = b->gin->local;
-      break;
-    case TSR_PIPE_RECV_ACT: {
-      tsr_dtensor *d = NULL;
-      TSR_CHECK(boundary_tensor(p, p->stage - 1, b->rows, &d));
-      tsr_status st = tsr_var_new_leaf(d, p->train, NULL, &b->in);
-      if (st != TSR_OK) {
-        tsr_dtensor_free(d);
-        return st;
-      }
-      t = d->local;
-      break;
+  int s = vstage(p, chunk);
+  if (kind == TSR_PIPE_SEND_ACT && b->out) {
+    t = b->out->value->local;
+  } else if (kind == TSR_PIPE_SEND_GRAD && b->gin) {
+    t = b->gin->local;
+  } else if (kind == TSR_PIPE_RECV_ACT) {
+    tsr_dtensor *d = NULL;
+    TSR_CHECK(boundary_tensor(p, s - 1, b->rows, &d));
+    tsr_status st = tsr_var_new_leaf(d, p->train, NULL, &b->in);
+    if (st != TSR_OK) {
+      tsr_dtensor_free(d);
+      return st;
     }
-    case TSR_PIPE_RECV_GRAD:
-      TSR_CHECK(boundary_tensor(p, p->stage, b->rows, &b->gout));
-      t = b->gout->local;
-      break;
-    default:
-      break;
+    t = d->local;
+  } else if (kind == TSR_PIPE_RECV_GRAD) {
+    TSR_CHECK(boundary_tensor(p, s, b->rows, &b->gout));
+    t = b->gout->local;
   }
   if (!t)
     return TSR_ERROR(TSR_EINVAL,
-                     "pipeline schedule: stage %d sends microbatch %d before "
-                     "computing it",
-                     p->stage, a->microbatch);
+                     "pipeline schedule: stage %d sends microbatch %d before computing it", s, k);
   *buf = tsr_tensor_data(t);
   *count = (size_t)tsr_tensor_numel(t);
   return TSR_OK;
 }
 
-static void after_send(pipe_ctx *p, const tsr_pipe_action *a) {
-  mb_state *b = &p->mb[a->microbatch];
-  if (a->kind == TSR_PIPE_SEND_ACT && !p->train) {
-    mb_release(b);
-    p->in_flight--;
-  }
-  if (a->kind == TSR_PIPE_SEND_GRAD) {
+static void after_send(pipe_ctx *p, int kind, int k, int chunk) {
+  mb_state *b = state(p, k, chunk);
+  if (kind == TSR_PIPE_SEND_ACT && !p->train) mb_release(p, b);
+  if (kind == TSR_PIPE_SEND_GRAD) {
     tsr_dtensor_free(b->gin);
     b->gin = NULL;
   }
 }
 
-static bool stage_has(const pipe_ctx *p, tsr_pipe_action_kind k) {
-  int last = p->nstages - 1;
-  if (k == TSR_PIPE_RECV_ACT || k == TSR_PIPE_SEND_GRAD) return p->stage > 0;
-  if (k == TSR_PIPE_SEND_ACT || k == TSR_PIPE_RECV_GRAD) return p->stage < last;
-  return true;
-}
-
-static tsr_status run_actions(pipe_ctx *p, const tsr_pipe_action *acts, int n, const int32_t *ids,
-                              const int32_t *labels, tsr_pipe_result *res) {
-  for (int i = 0; i < n; i++) {
-    const tsr_pipe_action *a = &acts[i];
-    double t0 = now_s();
-    int done = 1;
-    if (a->kind == TSR_PIPE_FORWARD) {
-      TSR_CHECK(do_forward(p, a->microbatch, ids, labels));
-    } else if (a->kind == TSR_PIPE_BACKWARD) {
-      TSR_CHECK(do_backward(p, a->microbatch));
-    } else {
-      tsr_group_t *g = action_group(p, a->kind);
-      void *buf = NULL, *rbuf = NULL;
-      size_t count = 0, rcount = 0;
-      TSR_CHECK(comm_buffer(p, a, &buf, &count));
-      const tsr_pipe_action *b = i + 1 < n ? &acts[i + 1] : NULL;
-      if (is_send(a->kind) && b && !is_send(b->kind) && b->kind != TSR_PIPE_FORWARD &&
-          b->kind != TSR_PIPE_BACKWARD && action_group(p, b->kind) == g) {
-        TSR_CHECK(comm_buffer(p, b, &rbuf, &rcount));
-        TSR_CHECK(
-            tsr_comm_sendrecv(g, peer_index(g), buf, count, peer_index(g), rbuf, rcount, TSR_F32));
-        after_send(p, a);
-        done = 2;
-      } else if (is_send(a->kind)) {
-        TSR_CHECK(tsr_comm_send(g, peer_index(g), buf, count, TSR_F32));
-        after_send(p, a);
-      } else {
-        TSR_CHECK(tsr_comm_recv(g, peer_index(g), buf, count, TSR_F32));
-      }
-    }
-    double t1 = now_s();
-    for (int j = 0; j < done; j++)
-      res->events[res->nevents++] =
-          (tsr_pipe_event){(int)acts[i + j].kind, acts[i + j].microbatch, t0, t1};
-    i += done - 1;
+static tsr_status run_msg(pipe_ctx *p, const pipe_msg *g, tsr_pipe_result *res) {
+  double t0 = now_s();
+  tsr_group_t *grp = NULL;
+  TSR_CHECK(peer_group(p, g->peer, &grp));
+  int peer = 1 - tsr_group_index(grp);
+  void *sbuf = NULL, *rbuf = NULL;
+  size_t sn = 0, rn = 0;
+  if (g->send_kind >= 0)
+    TSR_CHECK(msg_buffer(p, g->send_kind, g->send_mb, g->send_chunk, &sbuf, &sn));
+  if (g->recv_kind >= 0)
+    TSR_CHECK(msg_buffer(p, g->recv_kind, g->recv_mb, g->recv_chunk, &rbuf, &rn));
+  if (g->send_kind >= 0 && g->recv_kind >= 0)
+    TSR_CHECK(tsr_comm_sendrecv(grp, peer, sbuf, sn, peer, rbuf, rn, TSR_F32));
+  else if (g->send_kind >= 0)
+    TSR_CHECK(tsr_comm_send(grp, peer, sbuf, sn, TSR_F32));
+  else
+    TSR_CHECK(tsr_comm_recv(grp, peer, rbuf, rn, TSR_F32));
+  double t1 = now_s();
+  if (g->send_kind >= 0) {
+    after_send(p, g->send_kind, g->send_mb, g->send_chunk);
+    res->events[res->nevents++] = (tsr_pipe_event){g->send_kind, g->send_mb, g->send_chunk, t0, t1};
   }
+  if (g->recv_kind >= 0)
+    res->events[res->nevents++] = (tsr_pipe_event){g->recv_kind, g->recv_mb, g->recv_chunk, t0, t1};
   return TSR_OK;
 }
 
-/* This rank's actions: the schedule's, checked, without those its stage or mode has no use for. */
-static tsr_status stage_actions(const pipe_ctx *p, const tsr_schedule *sched, tsr_pipe_action **out,
+static int by_time_then_pair(const void *a, const void *b) {
+  const pipe_msg *x = a, *y = b;
+  if (x->time != y->time) return x->time < y->time ? -1 : 1;
+  return x->pair - y->pair;
+}
+
+static bool is_backward(int kind) {
+  return kind == TSR_PIPE_BACKWARD || kind == TSR_PIPE_BACKWARD_INPUT;
+}
+
+/* The messages this rank takes part in, from every rank's simulated actions, in run order. */
+static tsr_status rank_messages(const pipe_ctx *p, const tsr_pipe_timeline *tl, pipe_msg **out,
                                 int *n) {
-  int cap = 8 * p->M + 16, got = 0, k = 0;
-  tsr_pipe_action *acts = malloc((size_t)cap * sizeof *acts);
-  if (!acts) return TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for %d actions", cap);
-  tsr_status st = sched->build(p->nstages, p->M, p->stage, acts, cap, &got, sched->ctx);
-  if (st != TSR_OK) {
-    free(acts);
-    return tsr_error_prefix(st, "pipeline schedule '%s'", sched->name);
-  }
-  for (int i = 0; i < got; i++) {
-    tsr_pipe_action_kind kind = acts[i].kind;
-    if (acts[i].microbatch < 0 || acts[i].microbatch >= p->M || acts[i].chunk != 0) {
-      int mb = acts[i].microbatch, chunk = acts[i].chunk;
-      free(acts);
-      return TSR_ERROR(TSR_EINVAL,
-                       "pipeline schedule '%s': action %d of stage %d names microbatch "
-                       "%d chunk %d (have %d microbatches, 1 chunk)",
-                       sched->name, i, p->stage, mb, chunk, p->M);
+  int cap = 2 * p->M * p->V + 1, k = 0;
+  pipe_msg *g = calloc((size_t)cap, sizeof *g);
+  if (!g) return TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for %d messages", cap);
+  for (int r = 0; r < p->P; r++)
+    for (int i = 0; i < tl->nops[r]; i++) {
+      const tsr_pipe_event *e = &tl->ops[r][i];
+      int s = e->chunk * p->P + r, to;
+      int send = -1, recv = -1;
+      if (e->kind == TSR_PIPE_FORWARD && s < p->V - 1)
+        to = s + 1, send = TSR_PIPE_SEND_ACT, recv = TSR_PIPE_RECV_ACT;
+      else if (is_backward(e->kind) && s > 0)
+        to = s - 1, send = TSR_PIPE_SEND_GRAD, recv = TSR_PIPE_RECV_GRAD;
+      else
+        continue;
+      int tr = to % p->P, tc = to / p->P;
+      if (r != p->stage && tr != p->stage) continue;
+      pipe_msg m = {e->t1, pair_index(r, tr, p->P), r == p->stage ? tr : r, -1, 0, 0, -1, 0, 0};
+      if (r == p->stage)
+        m.send_kind = send, m.send_mb = e->microbatch, m.send_chunk = e->chunk;
+      else
+        m.recv_kind = recv, m.recv_mb = e->microbatch, m.recv_chunk = tc;
+      g[k++] = m;
     }
-    bool grad =
-        kind == TSR_PIPE_BACKWARD || kind == TSR_PIPE_SEND_GRAD || kind == TSR_PIPE_RECV_GRAD;
-    if (!stage_has(p, kind) || (grad && !p->train)) continue;
-    acts[k++] = acts[i];
+  qsort(g, (size_t)k, sizeof *g, by_time_then_pair);
+  /* a pair's two messages at one time travel as one sendrecv */
+  int j = 0;
+  for (int i = 0; i < k; i++) {
+    if (j > 0 && g[j - 1].time == g[i].time && g[j - 1].pair == g[i].pair) {
+      if ((g[i].send_kind >= 0 && g[j - 1].send_kind >= 0) ||
+          (g[i].recv_kind >= 0 && g[j - 1].recv_kind >= 0)) {
+        free(g);
+        return TSR_ERROR(TSR_EINTERNAL, "pipeline: two messages one way between a pair at once");
+      }
+      if (g[i].send_kind >= 0)
+        g[j - 1].send_kind = g[i].send_kind, g[j - 1].send_mb = g[i].send_mb,
+              g[j - 1].send_chunk = g[i].send_chunk;
+      else
+        g[j - 1].recv_kind = g[i].recv_kind, g[j - 1].recv_mb = g[i].recv_mb,
+              g[j - 1].recv_chunk = g[i].recv_chunk;
+      continue;
+    }
+    g[j++] = g[i];
   }
-  *out = acts;
-  *n = k;
+  *out = g;
+  *n = j;
   return TSR_OK;
+}
+
+static tsr_status run_rank(pipe_ctx *p, const tsr_pipe_timeline *tl, const int32_t *ids,
+                           const int32_t *labels, tsr_pipe_result *res) {
+  pipe_msg *msgs = NULL;
+  int nmsg = 0, next = 0;
+  TSR_CHECK(rank_messages(p, tl, &msgs, &nmsg));
+  res->events = calloc((size_t)(tl->nops[p->stage] + 2 * nmsg) + 1, sizeof *res->events);
+  tsr_status st = TSR_OK;
+  if (!res->events) {
+    free(msgs);
+    return TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for the trace events");
+  }
+  for (int i = 0; i < tl->nops[p->stage] && st == TSR_OK; i++) {
+    const tsr_pipe_event *a = &tl->ops[p->stage][i];
+    while (st == TSR_OK && next < nmsg && msgs[next].time <= a->t0)
+      st = run_msg(p, &msgs[next++], res);
+    if (st != TSR_OK) break;
+    double t0 = now_s();
+    if (a->kind == TSR_PIPE_FORWARD)
+      st = do_forward(p, a->microbatch, a->chunk, ids, labels);
+    else
+      st = do_backward(p, a->microbatch, a->chunk, a->kind);
+    res->events[res->nevents++] = (tsr_pipe_event){a->kind, a->microbatch, a->chunk, t0, now_s()};
+  }
+  while (st == TSR_OK && next < nmsg) st = run_msg(p, &msgs[next++], res);
+  free(msgs);
+  return st;
 }
 
 static tsr_status broadcast_results(pipe_ctx *p, const tsr_mesh_t *job_mesh, int64_t rows,
                                     tsr_pipe_result *res) {
   int dim = tsr_mesh_find_dim(job_mesh, "pp");
   res->loss = p->loss;
-  if (dim < 0 || p->nstages == 1) {
+  if (dim < 0 || p->P == 1) {
     if (p->want_logits) return tsr_tensor_cat(p->parts, p->M, 0, &res->logits);
     return TSR_OK;
   }
   tsr_group_t *g = NULL;
   TSR_CHECK(tsr_mesh_group(job_mesh, tsr_rank_comm(p->r), 1u << dim, &g));
-  int root = p->nstages - 1;     /* members are in pp order */
+  int root = p->P - 1;           /* members are in pp order; the last stage is on the last */
   float loss = (float)res->loss; /* the comm has no f64; the loss is logged and dumped as f32 */
   TSR_CHECK(tsr_comm_broadcast(g, &loss, 1, TSR_F32, root));
   res->loss = loss;
@@ -341,27 +406,26 @@ tsr_status tsr_llama_pipe_step(tsr_llama_t *m, const tsr_mesh_t *job_mesh,
                      microbatches, (long long)rows, (long long)rows);
   pipe_ctx p = {.m = m,
                 .r = tsr_llama_rank(m),
-                .nstages = tsr_llama_stage_count(m),
+                .v = tsr_llama_stages_per_rank(m),
+                .V = tsr_llama_stage_count(m),
                 .M = microbatches,
                 .seq = seq,
                 .train = train,
                 .want_logits = want_logits};
+  p.P = p.V / p.v;
   int me = tsr_rank_id(p.r), coords[TSR_MAX_MESH_DIMS];
   p.stage = -1;
-  for (int s = 0; s < p.nstages && p.stage < 0; s++)
+  for (int s = 0; s < p.P && p.stage < 0; s++)
     if (tsr_mesh_contains(tsr_llama_stage_mesh(m, s), me)) p.stage = s;
   if (p.stage < 0) return TSR_ERROR(TSR_EINVAL, "pipeline: rank %d is on no stage", me);
   res->stage = p.stage;
   p.mesh = tsr_llama_stage_mesh(m, p.stage);
   tsr_mesh_coords(p.mesh, me, coords);
-  if (p.stage > 0)
-    TSR_CHECK(pair_group(p.r, tsr_llama_stage_mesh(m, p.stage - 1), coords, &p.prev));
-  if (p.stage < p.nstages - 1)
-    TSR_CHECK(pair_group(p.r, tsr_llama_stage_mesh(m, p.stage + 1), coords, &p.next));
-  tsr_pipe_action *acts = NULL;
-  int n = 0;
-  tsr_status st = TSR_OK;
-  p.mb = calloc((size_t)p.M, sizeof *p.mb);
+  p.coords = coords;
+  tsr_pipe_timeline tl = {0};
+  tsr_status st = tsr_pipe_timeline_build(sched, p.P, p.v, p.M, train, 1.0, 2.0, &tl);
+  if (st != TSR_OK) return st;
+  p.mb = calloc((size_t)p.M * (size_t)p.v, sizeof *p.mb);
   p.parts = calloc((size_t)p.M, sizeof *p.parts);
   if (!p.mb || !p.parts) {
     st = TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for %d microbatches", p.M);
@@ -369,42 +433,37 @@ tsr_status tsr_llama_pipe_step(tsr_llama_t *m, const tsr_mesh_t *job_mesh,
   }
   int64_t base = rows / p.M, extra = rows % p.M, row = 0;
   for (int k = 0; k < p.M; k++) {
-    mb_state *b = &p.mb[k];
-    b->row0 = row;
-    b->rows = base + (k < extra);
-    row += b->rows;
-    for (int64_t i = b->row0 * seq; i < (b->row0 + b->rows) * seq; i++)
-      b->valid += labels[i] != -100;
-    p.w_total += (double)b->valid;
-    TSR_CHECK_GOTO(tsr_tape_new(p.r, &b->tape), st);
-    tsr_tape_set_recording(b->tape, train);
+    int64_t rows_k = base + (k < extra), valid = 0;
+    for (int64_t i = row * seq; i < (row + rows_k) * seq; i++) valid += labels[i] != -100;
+    for (int c = 0; c < p.v; c++) {
+      mb_state *b = state(&p, k, c);
+      b->row0 = row, b->rows = rows_k, b->valid = valid;
+      TSR_CHECK_GOTO(tsr_tape_new(p.r, &b->tape), st);
+      tsr_tape_set_recording(b->tape, train);
+    }
+    p.w_total += (double)valid;
+    row += rows_k;
   }
-  TSR_CHECK_GOTO(stage_actions(&p, sched, &acts, &n), st);
-  res->events = calloc((size_t)n + 1, sizeof *res->events);
-  if (!res->events) {
-    st = TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for %d events", n);
-    goto cleanup;
-  }
-  TSR_CHECK_GOTO(run_actions(&p, acts, n, ids, labels, res), st);
+  TSR_CHECK_GOTO(run_rank(&p, &tl, ids, labels, res), st);
   if (p.in_flight != 0) {
     st = TSR_ERROR(TSR_EINVAL,
-                   "pipeline schedule '%s': stage %d ends the step with %d microbatches "
-                   "not backwarded",
+                   "pipeline schedule '%s': rank %d ends the step holding %d microbatches' "
+                   "activations",
                    sched->name, p.stage, p.in_flight);
     goto cleanup;
   }
   res->peak_in_flight = p.peak;
   st = broadcast_results(&p, job_mesh, rows, res);
 cleanup:
-  for (int k = 0; p.mb && k < p.M; k++) {
-    mb_release(&p.mb[k]);
+  for (int k = 0; p.mb && k < p.M * p.v; k++) {
+    mb_release(&p, &p.mb[k]);
     tsr_dtensor_free(p.mb[k].gin);
     tsr_tape_free(p.mb[k].tape);
   }
   for (int k = 0; p.parts && k < p.M; k++) tsr_tensor_free(p.parts[k]);
   free(p.mb);
   free(p.parts);
-  free(acts);
+  tsr_pipe_timeline_free(&tl);
   if (st != TSR_OK) tsr_pipe_result_free(res);
   return st;
 }
@@ -417,88 +476,203 @@ void tsr_pipe_result_free(tsr_pipe_result *res) {
   res->nevents = 0;
 }
 
-/* ---- analytic timeline ---- */
+/* ---- simulated timeline ---- */
 
-double tsr_pipe_simulate(const tsr_schedule *sched, int S, int M, double tf, double tb,
-                         double *start, double *span) {
-  int cap = 8 * M + 16;
-  tsr_pipe_action *acts = malloc((size_t)S * (size_t)cap * sizeof *acts);
-  int *n = calloc((size_t)S, sizeof *n), *pos = calloc((size_t)S, sizeof *pos);
-  double *end = malloc((size_t)S * (size_t)M * 2 * sizeof *end), *clock = calloc((size_t)S, 8);
-  double bubble = -1.0;
-  if (!acts || !n || !pos || !end || !clock) goto cleanup;
-  for (int i = 0; i < S * M * 2; i++) end[i] = -1.0;
-  for (int s = 0; s < S; s++) {
-    if (sched->build(S, M, s, acts + (size_t)s * cap, cap, &n[s], sched->ctx) != TSR_OK)
-      goto cleanup;
+static bool is_compute(int kind) {
+  return kind == TSR_PIPE_FORWARD || kind == TSR_PIPE_BACKWARD || kind == TSR_PIPE_BACKWARD_INPUT ||
+         kind == TSR_PIPE_BACKWARD_WEIGHT;
+}
+
+void tsr_pipe_timeline_free(tsr_pipe_timeline *tl) {
+  for (int s = 0; tl->ops && s < tl->stages; s++) free(tl->ops[s]);
+  free(tl->ops);
+  free(tl->nops);
+  tl->ops = NULL;
+  tl->nops = NULL;
+}
+
+/* Builds rank r's list into tl->ops[r], compute actions only, checked. */
+static tsr_status rank_list(const tsr_schedule *sched, int r, bool train, tsr_pipe_timeline *tl,
+                            int *seen) {
+  int S = tl->stages, v = tl->chunks, M = tl->microbatches, cap = 8 * M * v + 16, got = 0;
+  tsr_pipe_action *acts = malloc((size_t)cap * sizeof *acts);
+  tl->ops[r] = calloc((size_t)cap, sizeof *tl->ops[r]);
+  if (!acts || !tl->ops[r]) {
+    free(acts);
+    return TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for %d actions", cap);
   }
-#define END(s, k, b) end[((s)*M + (k)) * 2 + (b)]
+  tsr_status st = sched->build(S, M, r, acts, cap, &got, sched->ctx);
+  if (st != TSR_OK) {
+    free(acts);
+    return tsr_error_prefix(st, "pipeline schedule '%s'", sched->name);
+  }
+  /* seen[(k * v + c) * 4 + part]: forward, whole backward, input part, weight part */
+  memset(seen, 0, sizeof *seen * (size_t)M * (size_t)v * 4);
+  int n = 0;
+  for (int i = 0; i < got && st == TSR_OK; i++) {
+    const tsr_pipe_action *a = &acts[i];
+    if (a->microbatch < 0 || a->microbatch >= M || a->chunk < 0 || a->chunk >= v ||
+        (int)a->kind < 0 || (int)a->kind > TSR_PIPE_BACKWARD_WEIGHT) {
+      st = TSR_ERROR(TSR_EINVAL,
+                     "pipeline schedule '%s': action %d of rank %d (kind %d) names microbatch %d "
+                     "chunk %d (have %d microbatches, %d chunks)",
+                     sched->name, i, r, (int)a->kind, a->microbatch, a->chunk, M, v);
+      break;
+    }
+    if (!is_compute(a->kind) || (!train && a->kind != TSR_PIPE_FORWARD)) continue;
+    int part = a->kind == TSR_PIPE_FORWARD          ? 0
+               : a->kind == TSR_PIPE_BACKWARD       ? 1
+               : a->kind == TSR_PIPE_BACKWARD_INPUT ? 2
+                                                    : 3;
+    int *c = &seen[(a->microbatch * v + a->chunk) * 4];
+    if (c[part]++ || (part > 0 && !c[0]) || (part == 3 && !c[2]) || (part == 1 && c[2]) ||
+        (part == 2 && c[1]))
+      st = TSR_ERROR(TSR_EINVAL,
+                     "pipeline schedule '%s': rank %d runs %s of microbatch %d chunk %d out of "
+                     "order (each is forwarded once, then backwarded once, whole or input part "
+                     "before weight part)",
+                     sched->name, r,
+                     part == 0   ? "the forward"
+                     : part == 3 ? "a weight part"
+                                 : "a backward",
+                     a->microbatch, a->chunk);
+    tl->ops[r][n++] = (tsr_pipe_event){a->kind, a->microbatch, a->chunk, -1, -1};
+  }
+  for (int k = 0; k < M * v && st == TSR_OK; k++) {
+    const int *c = &seen[k * 4];
+    if (!c[0] || (train && !(c[1] || (c[2] && c[3]))))
+      st = TSR_ERROR(TSR_EINVAL, "pipeline schedule '%s': rank %d never %s microbatch %d chunk %d",
+                     sched->name, r, c[0] ? "finishes the backward of" : "forwards", k / v, k % v);
+  }
+  tl->nops[r] = n;
+  free(acts);
+  return st;
+}
+
+tsr_status tsr_pipe_timeline_build(const tsr_schedule *sched, int S, int v, int M, bool train,
+                                   double tf, double tb, tsr_pipe_timeline *tl) {
+  memset(tl, 0, sizeof *tl);
+  if (S < 1 || v < 1 || M < 1)
+    return TSR_ERROR(TSR_EINVAL, "pipeline: %d ranks, %d chunks, %d microbatches", S, v, M);
+  tl->stages = S, tl->chunks = v, tl->microbatches = M;
+  int V = S * v;
+  tl->nops = calloc((size_t)S, sizeof *tl->nops);
+  tl->ops = calloc((size_t)S, sizeof *tl->ops);
+  int *seen = malloc(sizeof *seen * (size_t)M * (size_t)v * 4), *pos = calloc((size_t)S, 4);
+  double *end = malloc(sizeof *end * (size_t)V * (size_t)M * 3),
+         *clock = calloc((size_t)S, sizeof *clock);
+  tsr_status st = TSR_OK;
+  if (!tl->nops || !tl->ops || !seen || !pos || !end || !clock) {
+    st = TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory simulating %d ranks", S);
+    goto cleanup;
+  }
+  for (int r = 0; r < S && st == TSR_OK; r++) st = rank_list(sched, r, train, tl, seen);
+  if (st != TSR_OK) goto cleanup;
+  for (int i = 0; i < V * M * 3; i++) end[i] = -1.0;
+#define END(s, k, part) end[((s)*M + (k)) * 3 + (part)]
   bool progress = true;
   while (progress) {
     progress = false;
-    for (int s = 0; s < S; s++)
-      while (pos[s] < n[s]) {
-        const tsr_pipe_action *a = &acts[(size_t)s * cap + pos[s]];
-        if (a->kind != TSR_PIPE_FORWARD && a->kind != TSR_PIPE_BACKWARD) {
-          pos[s]++;
-          continue;
+    for (int r = 0; r < S; r++)
+      while (pos[r] < tl->nops[r]) {
+        tsr_pipe_event *a = &tl->ops[r][pos[r]];
+        int s = a->chunk * S + r, k = a->microbatch;
+        double dep, dur;
+        if (a->kind == TSR_PIPE_FORWARD) {
+          dep = s == 0 ? 0.0 : END(s - 1, k, 0), dur = tf;
+        } else if (a->kind == TSR_PIPE_BACKWARD_WEIGHT) {
+          dep = END(s, k, 1), dur = tb / 2;
+        } else {
+          double next = s == V - 1 ? 0.0 : END(s + 1, k, 1);
+          dep = END(s, k, 0) < 0 || next < 0 ? -1.0 : fmax(END(s, k, 0), next);
+          dur = a->kind == TSR_PIPE_BACKWARD ? tb : tb / 2;
         }
-        int k = a->microbatch, bwd = a->kind == TSR_PIPE_BACKWARD;
-        double dep = bwd ? (s == S - 1 ? END(s, k, 0) : END(s + 1, k, 1))
-                         : (s == 0 ? 0.0 : END(s - 1, k, 0));
-        if (dep < 0 || (bwd && END(s, k, 0) < 0)) break;
-        double t0 = clock[s] > dep ? clock[s] : dep;
-        if (start) start[(s * M + k) * 2 + bwd] = t0;
-        END(s, k, bwd) = clock[s] = t0 + (bwd ? tb : tf);
-        pos[s]++;
+        if (dep < 0) break;
+        a->t0 = fmax(clock[r], dep);
+        a->t1 = clock[r] = a->t0 + dur;
+        END(s, k,
+            a->kind == TSR_PIPE_FORWARD           ? 0
+            : a->kind == TSR_PIPE_BACKWARD_WEIGHT ? 2
+                                                  : 1) = a->t1;
+        pos[r]++;
         progress = true;
       }
   }
 #undef END
-  double t = 0;
-  for (int s = 0; s < S; s++) {
-    if (pos[s] < n[s]) goto cleanup; /* stuck: the lists wait on each other */
-    t = clock[s] > t ? clock[s] : t;
+  double busy = 0;
+  for (int r = 0; r < S; r++) {
+    if (pos[r] < tl->nops[r]) {
+      const tsr_pipe_event *a = &tl->ops[r][pos[r]];
+      st = TSR_ERROR(TSR_EINVAL,
+                     "pipeline schedule '%s' never finishes: rank %d waits forever at its action "
+                     "%d (kind %d, microbatch %d, chunk %d) for another stage's",
+                     sched->name, r, pos[r], a->kind, a->microbatch, a->chunk);
+      goto cleanup;
+    }
+    tl->span = fmax(tl->span, clock[r]);
+    for (int i = 0; i < tl->nops[r]; i++) busy += tl->ops[r][i].t1 - tl->ops[r][i].t0;
   }
-  if (span) *span = t;
-  bubble = t > 0 ? 1.0 - (double)M * (tf + tb) / t : 0.0;
+  tl->bubble = tl->span > 0 ? 1.0 - busy / ((double)S * tl->span) : 0.0;
 cleanup:
-  free(acts);
-  free(n);
+  free(seen);
   free(pos);
   free(end);
   free(clock);
+  if (st != TSR_OK) tsr_pipe_timeline_free(tl);
+  return st;
+}
+
+double tsr_pipe_simulate(const tsr_schedule *sched, int S, int v, int M, double tf, double tb,
+                         double *span) {
+  tsr_pipe_timeline tl;
+  if (tsr_pipe_timeline_build(sched, S, v, M, true, tf, tb, &tl) != TSR_OK) return -1.0;
+  if (span) *span = tl.span;
+  double bubble = tl.bubble;
+  tsr_pipe_timeline_free(&tl);
   return bubble;
 }
 
-void tsr_pipe_print_timeline(const tsr_schedule *sched, int S, int M, FILE *f) {
-  double *start = malloc((size_t)S * (size_t)M * 2 * sizeof *start), span = 0;
-  double bubble = start ? tsr_pipe_simulate(sched, S, M, 1.0, 2.0, start, &span) : -1.0;
-  if (bubble < 0) {
-    fprintf(f, "  schedule %s: no timeline (%d stages, %d microbatches)\n", sched->name, S, M);
-    free(start);
+void tsr_pipe_print_timeline(const tsr_schedule *sched, int S, int v, int M, FILE *f) {
+  tsr_pipe_timeline tl;
+  if (tsr_pipe_timeline_build(sched, S, v, M, true, 1.0, 2.0, &tl) != TSR_OK) {
+    fprintf(f, "  schedule %s: no timeline (%d stages x %d chunks, %d microbatches): %s\n",
+            sched->name, S, v, M, tsr_last_error());
     return;
   }
-  int T = (int)lround(span);
-  fprintf(f, "  schedule %s, %d stages, %d microbatches (time units: forward 1, backward 2)\n",
-          sched->name, S, M);
-  for (int s = 0; s < S; s++) {
-    fprintf(f, "  stage %d |", s);
+  int T = (int)lround(tl.span);
+  if (v == 1)
+    fprintf(f, "  schedule %s, %d stages, %d microbatches (time units: forward 1, backward 2",
+            sched->name, S, M);
+  else
+    fprintf(f,
+            "  schedule %s, %d ranks x %d chunks (stage = chunk x %d + rank; cells: kind, "
+            "microbatch, chunk a, b, ...), %d microbatches (time units: forward 1, backward 2",
+            sched->name, S, v, S, M);
+  fprintf(f, "%s)\n",
+          sched->name && strcmp(sched->name, "zero_bubble") == 0
+              ? "; I input part 1, W weight part 1"
+              : "");
+  for (int r = 0; r < S; r++) {
+    fprintf(f, v == 1 ? "  stage %d |" : "  rank %d |", r);
     for (int u = 0; u < T; u++) {
-      const char *kind = "  .";
-      int mb = -1;
-      for (int k = 0; k < M && mb < 0; k++) {
-        double f0 = start[(s * M + k) * 2], b0 = start[(s * M + k) * 2 + 1];
-        if (u >= f0 && u < f0 + 1) kind = "F", mb = k;
-        if (u >= b0 && u < b0 + 2) kind = "B", mb = k;
+      const tsr_pipe_event *hit = NULL;
+      for (int i = 0; i < tl.nops[r] && !hit; i++)
+        if (u >= tl.ops[r][i].t0 && u < tl.ops[r][i].t1) hit = &tl.ops[r][i];
+      if (!hit) {
+        fputs(v == 1 ? "  ." : "   .", f);
+        continue;
       }
-      if (mb < 0)
-        fputs(kind, f);
+      char kind = hit->kind == TSR_PIPE_FORWARD          ? 'F'
+                  : hit->kind == TSR_PIPE_BACKWARD       ? 'B'
+                  : hit->kind == TSR_PIPE_BACKWARD_INPUT ? 'I'
+                                                         : 'W';
+      if (v == 1)
+        fprintf(f, " %c%d", kind, hit->microbatch % 10);
       else
-        fprintf(f, " %s%d", kind, mb % 10);
+        fprintf(f, " %c%d%c", kind, hit->microbatch % 10, 'a' + hit->chunk % 26);
     }
     fputs("\n", f);
   }
-  fprintf(f, "  bubble fraction %.3f (analytic: idle / (stages x span))\n", bubble);
-  free(start);
+  fprintf(f, "  bubble fraction %.3f (analytic: idle / (stages x span))\n", tl.bubble);
+  tsr_pipe_timeline_free(&tl);
 }

@@ -5,6 +5,8 @@
  * stage's forwards, backwards and transfers over the microbatches of a step. `tessera run` runs
  * the schedule named in [strategy.pp] schedule with [strategy.pp] microbatches.
  */
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,9 +21,11 @@ static const tsr_key_spec pp_keys[] = {
     {"microbatches", TSR_KEY_INT, "1", 1, 4096, NULL,
      "microbatches per step (per accumulation step); at most the rows of one"},
     {"stages_per_rank", TSR_KEY_INT, "1", 1, 64, NULL,
-     "model chunks per rank (virtual stages of interleaved schedules)"},
-    {"layers_per_stage", TSR_KEY_INTS, "", 1, 1000000, NULL,
-     "explicit layer count of each stage; empty: as even as possible, earlier stages first"},
+     "model chunks per rank (virtual stages of interleaved_1f1b): rank r holds stages r, r + pp, "
+     "..."},
+    {"layers_per_stage", TSR_KEY_INTS, "", -1000000, 1000000, NULL,
+     "explicit layer count of each of the pp x stages_per_rank stages, in stage order; empty: as "
+     "even as possible, earlier stages first"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
@@ -29,6 +33,48 @@ static int mesh_size(const tsr_config *c, const char *dim) {
   for (int i = 0; i < c->mesh.ndim; i++)
     if (strcmp(c->mesh.names[i], dim) == 0) return c->mesh.shape[i];
   return 1;
+}
+
+/* The stage layout keys against the model: one count per stage, each >= 1, summing to the
+ * layers. */
+static tsr_status check_layers(const tsr_config *c, const char *lps, int stages, int pp,
+                               int64_t spr) {
+  int64_t layers = c->model.num_hidden_layers;
+  if (layers < stages)
+    return tsr_config_error(c, TSR_EINVAL, "model", "num_hidden_layers",
+                            "%lld layers cannot fill %d pipeline stages (pp = %d x "
+                            "stages_per_rank = %lld; every stage needs one); lower pp or "
+                            "stages_per_rank, or raise num_hidden_layers",
+                            (long long)layers, stages, pp, (long long)spr);
+  if (!lps || !lps[0]) return TSR_OK;
+  int count = 0;
+  long long sum = 0;
+  const char *at = lps;
+  while (*at) {
+    char *end = NULL;
+    long long v = strtoll(at, &end, 10);
+    if (end == at) break;
+    if (v < 1)
+      return tsr_config_error(c, TSR_EINVAL, "strategy.pp", "layers_per_stage",
+                              "layers_per_stage = %s gives stage %d %lld layers; every stage "
+                              "needs at least 1 (write one count >= 1 per stage)",
+                              lps, count, v);
+    sum += v;
+    count++;
+    at = end;
+    while (*at == ',' || *at == ' ' || *at == '\t') at++;
+  }
+  if (count != stages)
+    return tsr_config_error(c, TSR_EINVAL, "strategy.pp", "layers_per_stage",
+                            "layers_per_stage = %s has %d counts for %d stages (pp = %d x "
+                            "stages_per_rank = %lld); give one count per stage",
+                            lps, count, stages, pp, (long long)spr);
+  if (sum != layers)
+    return tsr_config_error(c, TSR_EINVAL, "strategy.pp", "layers_per_stage",
+                            "layers_per_stage = %s sums to %lld but [model] num_hidden_layers "
+                            "= %lld; make the counts add up to the layers",
+                            lps, sum, (long long)layers);
+  return TSR_OK;
 }
 
 static tsr_status pp_validate(const tsr_plugin_args *args) {
@@ -40,36 +86,24 @@ static tsr_status pp_validate(const tsr_plugin_args *args) {
   TSR_CHECK(tsr_config_get_int(c, args->name, pp_keys, "stages_per_rank", &spr));
   const char *sched = tsr_config_get(c, args->name, pp_keys, "schedule");
   const char *lps = tsr_config_get(c, args->name, pp_keys, "layers_per_stage");
-  if (strcmp(sched, "interleaved_1f1b") == 0) {
-    if (mb % pp)
-      return tsr_config_error(c, TSR_EINVAL, sec, "microbatches",
-                              "interleaved_1f1b needs microbatches %% pp == 0, got %lld over pp = "
-                              "%d; use a multiple of %d",
-                              (long long)mb, pp, pp);
-    return tsr_config_error(c, TSR_EINVAL, sec, "schedule",
-                            "interleaved_1f1b (virtual stages) is not implemented in this build; "
-                            "use gpipe or 1f1b");
-  }
-  if (strcmp(sched, "zero_bubble") == 0)
-    return tsr_config_error(c, TSR_EINVAL, sec, "schedule",
-                            "zero_bubble (split input- and weight-gradient backward) is not "
-                            "implemented in this build; use gpipe or 1f1b");
-  if (spr != 1)
+  bool interleaved = strcmp(sched, "interleaved_1f1b") == 0;
+  if (interleaved && spr < 2)
     return tsr_config_error(c, TSR_EINVAL, sec, "stages_per_rank",
-                            "%lld model chunks per rank need an interleaved schedule, which is "
-                            "not implemented in this build; use 1",
+                            "interleaved_1f1b needs stages_per_rank >= 2 (model chunks per "
+                            "rank), got %lld; set stages_per_rank = 2 or more, or use 1f1b",
                             (long long)spr);
-  if (lps && lps[0])
-    return tsr_config_error(c, TSR_EINVAL, sec, "layers_per_stage",
-                            "an explicit layer split is not implemented in this build; remove "
-                            "the key to split the layers as evenly as possible");
+  if (!interleaved && spr != 1)
+    return tsr_config_error(c, TSR_EINVAL, sec, "stages_per_rank",
+                            "%lld model chunks per rank need schedule = interleaved_1f1b (%s "
+                            "runs one chunk per rank); use 1 or that schedule",
+                            (long long)spr, sched);
+  if (interleaved && mb % pp)
+    return tsr_config_error(c, TSR_EINVAL, sec, "microbatches",
+                            "interleaved_1f1b needs microbatches %% pp == 0, got %lld over pp = "
+                            "%d; use a multiple of %d",
+                            (long long)mb, pp, pp);
   if (pp <= 1) return TSR_OK;
-  int64_t layers = c->model.num_hidden_layers;
-  if (layers < pp)
-    return tsr_config_error(c, TSR_EINVAL, "model", "num_hidden_layers",
-                            "%lld layers cannot fill pp = %d stages (every stage needs one); "
-                            "lower pp or raise num_hidden_layers",
-                            (long long)layers, pp);
+  TSR_CHECK(check_layers(c, lps, pp * (int)spr, pp, spr));
   int64_t accum = c->optimizer.grad_accum_steps > 0 ? c->optimizer.grad_accum_steps : 1;
   int64_t rows = c->data.batch_size / accum;
   if (mb > rows)
@@ -98,10 +132,17 @@ static void pp_fini(void *state) {
 
 static tsr_status pp_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
   (void)state;
-  tsr_schedule gpipe = {"gpipe", args->name, tsr_pp_gpipe, NULL};
-  tsr_schedule one = {"1f1b", args->name, tsr_pp_1f1b, NULL};
-  TSR_CHECK(tsr_registry_add_schedule(reg, &gpipe));
-  return tsr_registry_add_schedule(reg, &one);
+  int64_t spr = 1;
+  TSR_CHECK(tsr_config_get_int(args->config, args->name, pp_keys, "stages_per_rank", &spr));
+  /* the interleaved builder learns the chunk count from its ctx: no state to outlive */
+  tsr_schedule scheds[4] = {
+      {"gpipe", args->name, tsr_pp_gpipe, NULL},
+      {"1f1b", args->name, tsr_pp_1f1b, NULL},
+      {"interleaved_1f1b", args->name, tsr_pp_interleaved, (void *)(intptr_t)spr},
+      {"zero_bubble", args->name, tsr_pp_zero_bubble, NULL},
+  };
+  for (int i = 0; i < 4; i++) TSR_CHECK(tsr_registry_add_schedule(reg, &scheds[i]));
+  return TSR_OK;
 }
 
 static const tsr_strategy pp_desc = {
@@ -110,7 +151,9 @@ static const tsr_strategy pp_desc = {
     .struct_size = sizeof(tsr_strategy),
     .name = "pp",
     .version = "0.1.0",
-    .description = "pipeline parallelism: layers on unbind(pp) stages, gpipe and 1f1b schedules",
+    .description =
+        "pipeline parallelism: layers on unbind(pp) stages; gpipe, 1f1b, interleaved_1f1b and "
+        "zero_bubble schedules",
     .dims = pp_dims,
     .keys = pp_keys,
     .validate = pp_validate,

@@ -1,13 +1,19 @@
 # Pipeline parallelism (plugins/pp): one step of pp2.ini (3 layers over 2 stages, uneven) and
 # pp3.ini under each schedule and microbatch count equals the 1-rank run of pp_ref.ini (logits,
-# loss, gradients, parameters after the step); 1F1B holds at most pp - stage microbatches per
-# stage, GPipe all of them; bad combinations are refused at plan time.
+# loss, gradients, parameters after the step), and so do the interleaved jobs (virtual stages)
+# and the explicit splits against pp_ref6.ini / pp_ref.ini, beside dp and tp too; 1F1B holds at
+# most pp - stage microbatches per stage, GPipe all of them, zero_bubble at most pp; bad
+# combinations are refused at plan time.
 add_test(NAME e2e_pp_reference
   COMMAND ${TESSERA_BIN} run ${E2E_JOBS}/pp_ref.ini --no-peak --dump ${E2E_OUT}/pp_ref.safetensors)
 set_tests_properties(e2e_pp_reference PROPERTIES LABELS e2e FIXTURES_SETUP pp_ref)
 
+add_test(NAME e2e_pp_reference6
+  COMMAND ${TESSERA_BIN} run ${E2E_JOBS}/pp_ref6.ini --no-peak --dump ${E2E_OUT}/pp_ref6.safetensors)
+set_tests_properties(e2e_pp_reference6 PROPERTIES LABELS e2e FIXTURES_SETUP pp_ref6)
+
 foreach(job pp2 pp3)
-  foreach(sched gpipe 1f1b)
+  foreach(sched gpipe 1f1b zero_bubble)
     foreach(mb 1 2 3 4 8)
       add_test(NAME e2e_${job}_${sched}_mb${mb}
         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/pp.sh ${TESSERA_BIN} ${E2E_JOBS}/${job}.ini
@@ -18,8 +24,29 @@ foreach(job pp2 pp3)
   endforeach()
 endforeach()
 
+# Interleaved (2 chunks per rank: pp 2 with 2, 2, 1, 1 layers per stage; pp 3 one layer each,
+# given by layers_per_stage; pp 2 x dp 2 x tp 2), explicit splits (1 + 2 layers) and pp x dp x tp
+# under the other schedules; each job line: job, reference, schedule, microbatch counts.
+foreach(c "pp2i;pp_ref6;interleaved_1f1b;2 4 8" "pp3i;pp_ref6;interleaved_1f1b;3 6"
+          "pp2x2i;pp_ref6;interleaved_1f1b;2 4" "pp2_lps;pp_ref;1f1b;1 3"
+          "pp2_lps;pp_ref;zero_bubble;2 8" "pp2x2;pp_ref;zero_bubble;1 4" "pp2x2;pp_ref;gpipe;2")
+  list(GET c 0 job)
+  list(GET c 1 ref)
+  list(GET c 2 sched)
+  list(GET c 3 mbs)
+  string(REPLACE " " ";" mbs "${mbs}")
+  foreach(mb ${mbs})
+    add_test(NAME e2e_${job}_${sched}_mb${mb}
+      COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/pp.sh ${TESSERA_BIN} ${E2E_JOBS}/${job}.ini
+      ${E2E_OUT}/pp ${sched} ${mb} ${E2E_OUT}/${ref}.safetensors)
+    set_tests_properties(e2e_${job}_${sched}_mb${mb} PROPERTIES LABELS e2e
+      FIXTURES_REQUIRED ${ref} PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+  endforeach()
+endforeach()
+
 # Peak microbatches whose activations a rank holds at once, measured while the step runs.
-foreach(c "pp2;1f1b;8;2 1" "pp3;1f1b;8;3 2 1" "pp3;1f1b;2;2 2 1" "pp2;gpipe;4;4 4")
+foreach(c "pp2;1f1b;8;2 1" "pp3;1f1b;8;3 2 1" "pp3;1f1b;2;2 2 1" "pp2;gpipe;4;4 4"
+          "pp3;zero_bubble;8;3 3 3")
   list(GET c 0 job)
   list(GET c 1 sched)
   list(GET c 2 mb)
@@ -41,22 +68,41 @@ add_test(NAME e2e_pp_trace
 # receive, forward, backward, send (8)
 set_tests_properties(e2e_pp_trace PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "^16\nrank 1 \\(stage 1\\)")
 
+# zero_bubble's trace has every input and weight part on its own slice.
+add_test(NAME e2e_pp_trace_zero_bubble
+  COMMAND sh -c "sed 's/^schedule = .*/schedule = zero_bubble/' \"$1\" > \"$2.ini\" && \"$0\" run \"$2.ini\" --no-peak --stop-at 1 --set output.trace=\"$2\" >/dev/null && grep -c '\"backward_input [0-9]' \"$2\" && grep -c '\"backward_weight [0-9]' \"$2\""
+  ${TESSERA_BIN} ${E2E_JOBS}/pp2.ini ${E2E_OUT}/pp2_zb_trace.json)
+# 2 microbatches on 2 ranks: 4 input parts, 4 weight parts
+set_tests_properties(e2e_pp_trace_zero_bubble PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "^4\n4\n$")
+
 add_test(NAME e2e_pp_plan_timeline COMMAND ${TESSERA_BIN} plan ${E2E_JOBS}/pp2.ini)
 set_tests_properties(e2e_pp_plan_timeline PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "stage 0 \\| F0 F1  \\.  \\. B0 B0  \\. B1 B1\n  stage 1 \\|  \\. F0 B0 B0 F1 B1 B1  \\.  \\.\n  bubble fraction 0\\.333")
+add_test(NAME e2e_pp_plan_timeline_interleaved COMMAND ${TESSERA_BIN} plan ${E2E_JOBS}/pp2i.ini)
+set_tests_properties(e2e_pp_plan_timeline_interleaved PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "rank 0 \\| F0a F1a F0b F1b   \\.   \\. B0b B0b   \\. B1b B1b B0a B0a B1a B1a\n  rank 1 \\|   \\. F0a F1a F0b B0b B0b F1b B1b B1b B0a B0a B1a B1a   \\.   \\.\n  bubble fraction 0\\.200")
+add_test(NAME e2e_pp_plan_timeline_zero_bubble
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/pp_reject.sh ${TESSERA_BIN} ${E2E_JOBS}/pp3.ini
+  ${E2E_OUT}/pp3_zb_plan.ini "schedule = zero_bubble|microbatches = 4")
+set_tests_properties(e2e_pp_plan_timeline_zero_bubble PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "stage 0 \\| F0 F1 F2  \\.  \\. I0 W0 F3 I1 W1 I2 W2 I3 W3\n  stage 1 \\|  \\. F0 F1  \\. I0 F2 I1 W0 F3 I2 W1 I3 W2 W3\n  stage 2 \\|  \\.  \\. F0 I0 F1 I1 F2 I2 W0 F3 I3 W1 W2 W3\n  bubble fraction 0\\.143.*exit=0")
 
-foreach(c "schedule = interleaved_1f1b;schedule: interleaved_1f1b .virtual stages. is not implemented"
-          "schedule = zero_bubble;schedule: zero_bubble .* is not implemented"
-          "microbatches = 9;microbatches: 9 microbatches but a step has 8 rows"
-          "stages_per_rank = 2;stages_per_rank: 2 model chunks per rank"
-          "layers_per_stage = 2, 1;layers_per_stage: an explicit layer split is not implemented")
+# Refused at plan time, each with its reason: "lines to set;expected message".
+foreach(c "schedule = interleaved_1f1b;\\[strategy\\.pp\\] stages_per_rank: interleaved_1f1b needs stages_per_rank >= 2 .model chunks per rank., got 1"
+          "schedule = interleaved_1f1b|stages_per_rank = 2|microbatches = 3;\\[strategy\\.pp\\] microbatches: interleaved_1f1b needs microbatches % pp == 0, got 3 over pp = 2"
+          "schedule = interleaved_1f1b|stages_per_rank = 2;\\[model\\] num_hidden_layers: 3 layers cannot fill 4 pipeline stages .pp = 2 x stages_per_rank = 2"
+          "schedule = zero_bubble|stages_per_rank = 2;\\[strategy\\.pp\\] stages_per_rank: 2 model chunks per rank need schedule = interleaved_1f1b .zero_bubble runs one chunk per rank."
+          "stages_per_rank = 2;\\[strategy\\.pp\\] stages_per_rank: 2 model chunks per rank need schedule = interleaved_1f1b .1f1b"
+          "microbatches = 9;\\[strategy\\.pp\\] microbatches: 9 microbatches but a step has 8 rows"
+          "layers_per_stage = 2, 2;\\[strategy\\.pp\\] layers_per_stage: layers_per_stage = 2, 2 sums to 4 but \\[model\\] num_hidden_layers = 3"
+          "layers_per_stage = 3;\\[strategy\\.pp\\] layers_per_stage: layers_per_stage = 3 has 1 counts for 2 stages"
+          "layers_per_stage = 3, 0;\\[strategy\\.pp\\] layers_per_stage: layers_per_stage = 3, 0 gives stage 1 0 layers")
   list(GET c 0 set)
   list(GET c 1 want)
   string(REGEX REPLACE "[^a-z0-9]+" "_" tag "${set}")
-  string(REGEX REPLACE " = .*" "" key "${set}")
   add_test(NAME e2e_pp_rejects_${tag}
-    COMMAND sh -c "sed -e '/^${key} = /d' -e 's/^\\[strategy.pp\\]/[strategy.pp]\\n${set}/' \"$1\" > \"$2\" && \"$0\" plan \"$2\" 2>&1; echo exit=$?"
-    ${TESSERA_BIN} ${E2E_JOBS}/pp2.ini ${E2E_OUT}/pp_bad_${tag}.ini)
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/pp_reject.sh ${TESSERA_BIN} ${E2E_JOBS}/pp2.ini
+    ${E2E_OUT}/pp_bad_${tag}.ini "${set}")
   set_tests_properties(e2e_pp_rejects_${tag} PROPERTIES LABELS e2e
-    PASS_REGULAR_EXPRESSION "\\[strategy\\.pp\\] ${want}.*exit=2")
+    PASS_REGULAR_EXPRESSION "${want}.*exit=2")
 endforeach()
