@@ -61,3 +61,20 @@ if(TESSERA_TESTS)
   enable_testing()
   add_subdirectory(${PROJECT_SOURCE_DIR}/tests/cuda ${CMAKE_BINARY_DIR}/tests/cuda)
 endif()
+
+# The GPU training benchmark; it exists only with the CUDA kernels (bench/gpu_check.sh runs it).
+if(TESSERA_CUDA_BUILT AND TESSERA_BENCH)
+  add_executable(bench_gpu_llama ${PROJECT_SOURCE_DIR}/bench/bench_gpu_llama.c)
+  target_include_directories(bench_gpu_llama PRIVATE ${PROJECT_SOURCE_DIR}/core)
+  target_link_libraries(bench_gpu_llama PRIVATE tessera-cuda CUDA::cudart m)
+  set_target_properties(bench_gpu_llama PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+endif()
+
+# The benchmark's step checked on the CPU engine against central differences (runs anywhere),
+# and its CUDA engines against the CPU one (skips without a device).
+if(TESSERA_CUDA_BUILT AND TESSERA_BENCH AND TESSERA_TESTS)
+  add_test(NAME bench_gpu_llama_gradcheck COMMAND bench_gpu_llama --gradcheck)
+  set_tests_properties(bench_gpu_llama_gradcheck PROPERTIES LABELS "cuda" TIMEOUT 120)
+  add_test(NAME bench_gpu_llama_check COMMAND bench_gpu_llama --check)
+  set_tests_properties(bench_gpu_llama_check PROPERTIES LABELS "cuda" TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
