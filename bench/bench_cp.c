@@ -174,7 +174,7 @@ cleanup:
   return st;
 }
 
-static tsr_status load(const run *b, tsr_bench_plugins *out) {
+static tsr_status load(const run *b, tsr_plugin_job *out) {
   char text[1024];
   bool ring = strcmp(b->dim, "ring_cp") == 0;
   snprintf(text, sizeof text,
@@ -186,7 +186,7 @@ static tsr_status load(const run *b, tsr_bench_plugins *out) {
            ring ? "[strategy.cp_ring]\nload_balance = " : "", ring ? b->balance : "",
            ring ? "\n" : "", preset.vocab_size, preset.hidden_size, preset.intermediate_size,
            preset.num_hidden_layers, preset.num_attention_heads, preset.num_key_value_heads, B, L);
-  return tsr_bench_plugins_load(text, "bench_cp", out);
+  return tsr_plugin_job_load_string(text, "bench_cp", out);
 }
 
 /* Bytes of rank 0's all-reduce of `count` elements of `size` bytes over n, as comm.h counts. */
@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
   };
   int nruns = (int)(sizeof runs / sizeof runs[0]), rc = 0;
   for (int k = 0; k < nruns && rc == 0; k++) {
-    tsr_bench_plugins plugins = {0};
+    tsr_plugin_job plugins = {0};
     if (runs[k].dim && load(&runs[k], &plugins) != TSR_OK) {
       fprintf(stderr, "bench_cp: %s\n", tsr_last_error());
       rc = 1;
@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "bench_cp: %s: %s\n", runs[k].name, tsr_last_error());
       rc = 1;
     }
-    tsr_bench_plugins_free(&plugins);
+    tsr_plugin_job_free(&plugins);
   }
   if (rc) return rc;
   int D = preset.hidden_size / preset.num_attention_heads;

@@ -110,12 +110,12 @@ cleanup:
 }
 
 /* The dp plugin loaded for a one-dim mesh, as `tessera run` loads it for a job. */
-static tsr_status load_dp(const char *dim, int n, double bucket_mb, tsr_bench_plugins *out) {
+static tsr_status load_dp(const char *dim, int n, double bucket_mb, tsr_plugin_job *out) {
   char text[512];
   snprintf(text, sizeof text,
            "[mesh]\ndims = %s\nshape = %d\n[plugins]\nload = dp\n[strategy.dp]\nbucket_mb = %g\n",
            dim, n, bucket_mb);
-  return tsr_bench_plugins_load(text, "bench_dp.ini", out);
+  return tsr_plugin_job_load_string(text, "bench_dp.ini", out);
 }
 
 static double mib(int64_t bytes) {
@@ -158,7 +158,7 @@ int main(int argc, char **argv) {
     runs[k].seq = 256;
     runs[k].cfg = cfg;
   }
-  tsr_bench_plugins plugins[3] = {0};
+  tsr_plugin_job plugins[3] = {0};
   printf("bench_dp: %lld parameters (%.1f MiB f32), batch 4 x 256 tokens, %d timed step(s), "
          "buckets of %g MiB\n",
          (long long)P, mib(P * 4), steps, bucket_mb);
@@ -195,6 +195,6 @@ int main(int argc, char **argv) {
            runs[k].dim ? runs[k].dim : "single", runs[k].ranks, runs[k].step_s,
            (unsigned long long)runs[k].dp_bytes, (long long)(P * 4), runs[k].loss,
            (long long)runs[k].state, (long long)runs[k].peak);
-  for (int k = 0; k < 3; k++) tsr_bench_plugins_free(&plugins[k]);
+  for (int k = 0; k < 3; k++) tsr_plugin_job_free(&plugins[k]);
   return code;
 }

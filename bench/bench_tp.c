@@ -93,7 +93,7 @@ cleanup:
 }
 
 /* The job's plugins, as `tessera run` loads them. */
-static tsr_status load(int tp, bool sp, const run *b, tsr_bench_plugins *out) {
+static tsr_status load(int tp, bool sp, const run *b, tsr_plugin_job *out) {
   char text[1024];
   snprintf(text, sizeof text,
            "[mesh]\ndims = tp\nshape = %d\n[plugins]\nload = %s\n[model]\nvocab_size = %d\n"
@@ -104,7 +104,7 @@ static tsr_status load(int tp, bool sp, const run *b, tsr_bench_plugins *out) {
            tsr_bench_preset.intermediate_size, tsr_bench_preset.num_hidden_layers,
            tsr_bench_preset.num_attention_heads, tsr_bench_preset.num_key_value_heads, b->batch,
            b->seq);
-  return tsr_bench_plugins_load(text, "bench_tp", out);
+  return tsr_plugin_job_load_string(text, "bench_tp", out);
 }
 
 int main(int argc, char **argv) {
@@ -128,7 +128,7 @@ int main(int argc, char **argv) {
       {"tp", threads, 1, steps, 4, 256, NULL, 0, 0, 0},
       {"tp+sp", threads, 1, steps, 4, 256, NULL, 0, 0, 0},
   };
-  tsr_bench_plugins plugins[3] = {0};
+  tsr_plugin_job plugins[3] = {0};
   int rc = 0;
   for (int k = 0; k < 3 && rc == 0; k++) {
     if (k > 0 && load(runs[k].tp, k == 2, &runs[k], &plugins[k]) != TSR_OK) {
@@ -173,6 +173,6 @@ int main(int argc, char **argv) {
                       : "tp_sp",
              runs[k].tp, runs[k].step_s, (unsigned long long)runs[k].tp_bytes, k ? min : 0.0);
   }
-  for (int k = 0; k < 3; k++) tsr_bench_plugins_free(&plugins[k]);
+  for (int k = 0; k < 3; k++) tsr_plugin_job_free(&plugins[k]);
   return rc;
 }

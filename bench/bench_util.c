@@ -37,19 +37,3 @@ tsr_status tsr_bench_tokens(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, in
   if (st != TSR_OK) tsr_dtensor_free(d);
   return st;
 }
-
-tsr_status tsr_bench_plugins_load(const char *text, const char *name, tsr_bench_plugins *out) {
-  memset(out, 0, sizeof *out);
-  tsr_status st = tsr_config_parse_string(text, name, &out->cfg);
-  if (st == TSR_OK) st = tsr_registry_new(&out->reg);
-  if (st == TSR_OK) st = tsr_plugin_set_load(out->cfg, out->reg, &out->set);
-  if (st != TSR_OK) tsr_bench_plugins_free(out);
-  return st;
-}
-
-void tsr_bench_plugins_free(tsr_bench_plugins *p) {
-  tsr_registry_free(p->reg); /* it points into the plugins: it goes first */
-  tsr_plugin_set_free(p->set);
-  tsr_config_free(p->cfg);
-  memset(p, 0, sizeof *p);
-}

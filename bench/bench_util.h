@@ -1,5 +1,5 @@
 /* Shared by the benchmarks that run the Llama step on the local backend: the training preset,
- * a clock, token batches and plugins loaded from a job text as `tessera run` loads them. */
+ * a clock and token batches (plugins load with tsr_plugin_job_load_string). */
 #ifndef TESSERA_BENCH_UTIL_H
 #define TESSERA_BENCH_UTIL_H
 
@@ -19,16 +19,5 @@ double tsr_bench_now(void);
  * `shift` (ids and labels differ by shift), replicated on every dim of `m`. */
 tsr_status tsr_bench_tokens(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, int vocab, int shift,
                             tsr_var **out);
-
-/* The plugins a job text names, loaded into a new registry. */
-typedef struct tsr_bench_plugins {
-  tsr_config *cfg;
-  tsr_registry_t *reg;
-  tsr_plugin_set_t *set;
-} tsr_bench_plugins;
-
-/* On failure tsr_last_error() says why and *out holds nothing to free. */
-tsr_status tsr_bench_plugins_load(const char *text, const char *name, tsr_bench_plugins *out);
-void tsr_bench_plugins_free(tsr_bench_plugins *p);
 
 #endif

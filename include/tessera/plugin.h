@@ -149,7 +149,8 @@ typedef struct tsr_plugin_report {
  * entries only), then `extra` (the [plugins] path value, ':' or ',' separated, relative entries
  * taken from `base_dir`), then the install's lib/tessera (the folder beside the libtessera that
  * was loaded, so any install prefix works), then the build tree's plugin directory; a core loaded
- * from an install skips the build tree. The current directory is never searched. Writes at most `cap` entries; returns the count. */
+ * from an install skips the build tree. The current directory is never searched. Writes at most
+ * `cap` entries; returns the count. */
 int tsr_plugin_search_dirs(const char *extra, const char *base_dir, char (*dirs)[TSR_MAX_PATH],
                            int cap);
 
@@ -179,6 +180,20 @@ const tsr_plugin_report *tsr_plugin_set_report(const tsr_plugin_set_t *set, int 
 const tsr_strategy *tsr_plugin_set_strategy(const tsr_plugin_set_t *set, int i);
 /* Name of the loaded plugin that owns mesh dim `dim` (alias-aware), or NULL. */
 const char *tsr_plugin_set_owner(const tsr_plugin_set_t *set, const char *dim);
+
+/* A job's configuration with its plugins loaded and their rules registered, as `tessera run`
+ * prepares it before starting ranks: what tests, benchmarks and embedding programs start from. */
+typedef struct tsr_plugin_job {
+  tsr_config *cfg;       /* owned */
+  tsr_registry_t *reg;   /* owned: what the plugins registered; ranks read it */
+  tsr_plugin_set_t *set; /* owned */
+} tsr_plugin_job;
+
+/* Parses `text` (`name` stands in for the file name in messages) and loads its plugins. On
+ * failure the last error says why and *out holds nothing to free. */
+tsr_status tsr_plugin_job_load_string(const char *text, const char *name, tsr_plugin_job *out);
+/* Frees the registry before the plugins it points into, then the config. Idempotent. */
+void tsr_plugin_job_free(tsr_plugin_job *job);
 
 #ifdef __cplusplus
 }

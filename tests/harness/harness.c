@@ -118,20 +118,3 @@ void tsr_test_step_expect_close(const tsr_test_step_result *mesh, const tsr_test
                           i);
   }
 }
-
-tsr_status tsr_test_plugins_load(const char *text, const char *name, tsr_test_plugins *out) {
-  memset(out, 0, sizeof *out);
-  tsr_status st = tsr_config_parse_string(text, name, &out->cfg);
-  if (st == TSR_OK) st = tsr_registry_new(&out->reg);
-  if (st == TSR_OK) st = tsr_plugin_set_load(out->cfg, out->reg, &out->set);
-  if (st != TSR_OK) tsr_test_plugins_free(out);
-  return st;
-}
-
-void tsr_test_plugins_free(tsr_test_plugins *p) {
-  /* the registry holds pointers into the plugins: it goes first */
-  tsr_registry_free(p->reg);
-  tsr_plugin_set_free(p->set);
-  tsr_config_free(p->cfg);
-  memset(p, 0, sizeof *p);
-}

@@ -1,6 +1,7 @@
 /* Shared by the tests that run the Llama model on a mesh and compare it with the 1-rank run:
- * batches, gathering results past the rank that made them, element-wise comparison, and loading
- * plugins from a job text as `tessera run` does. Test code only: failures go through cmocka. */
+ * batches, gathering results past the rank that made them, element-wise comparison, and one
+ * training step. Test code only: failures go through cmocka. (Plugins load from a job text with
+ * tsr_plugin_job_load_string, as `tessera run` loads them.) */
 #ifndef TESSERA_TEST_HARNESS_H
 #define TESSERA_TEST_HARNESS_H
 
@@ -59,17 +60,5 @@ void tsr_test_step_result_free(tsr_test_step_result *res);
 /* Every tensor of `mesh` against `one` with tsr_test_expect_close. */
 void tsr_test_step_expect_close(const tsr_test_step_result *mesh, const tsr_test_step_result *one,
                                 float rtol, float atol);
-
-/* The plugins a job text names, loaded into a new registry as `tessera run` loads them. */
-typedef struct tsr_test_plugins {
-  tsr_config *cfg;
-  tsr_registry_t *reg;
-  tsr_plugin_set_t *set;
-} tsr_test_plugins;
-
-/* Parses `text` (reported as file `name`) and loads its plugins. On failure the status and
- * tsr_last_error() say why and *out holds nothing to free. */
-tsr_status tsr_test_plugins_load(const char *text, const char *name, tsr_test_plugins *out);
-void tsr_test_plugins_free(tsr_test_plugins *p);
 
 #endif

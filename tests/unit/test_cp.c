@@ -82,12 +82,12 @@ static void job_text(const cp_case *c, char *buf, size_t len) {
 }
 
 /* Loads the case's plugins; the status of the load, its message in msg. */
-static tsr_status load_plugins(cp_case *c, tsr_test_plugins *out, char *msg, size_t len) {
+static tsr_status load_plugins(cp_case *c, tsr_plugin_job *out, char *msg, size_t len) {
   if (!c->batch) c->batch = 2;
   if (!c->seq) c->seq = 8;
   char text[2048];
   job_text(c, text, sizeof text);
-  tsr_status st = tsr_test_plugins_load(text, "cp.ini", out);
+  tsr_status st = tsr_plugin_job_load_string(text, "cp.ini", out);
   snprintf(msg, len, "%s", st ? tsr_last_error() : "");
   return st;
 }
@@ -138,7 +138,7 @@ static int world_of(const cp_case *c) {
 
 /* Runs the case on its mesh with its plugins and on one rank without; compares everything. */
 static void compare_with_one_rank(cp_case *c) {
-  tsr_test_plugins plugins;
+  tsr_plugin_job plugins;
   char msg[1024];
   if (load_plugins(c, &plugins, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
   cp_case one = *c;
@@ -153,7 +153,7 @@ static void compare_with_one_rank(cp_case *c) {
   tsr_test_step_expect_close(&c->res, &one.res, 1e-4f, 1e-4f);
   tsr_test_step_result_free(&one.res);
   tsr_test_step_result_free(&c->res);
-  tsr_test_plugins_free(&plugins);
+  tsr_plugin_job_free(&plugins);
 }
 
 #define CASE(...) ((cp_case){__VA_ARGS__})
@@ -220,10 +220,10 @@ static void test_tp2_ulysses2_ring2(void **s) {
 /* ---- errors ---- */
 
 static void load_fails(cp_case c, const char *want) {
-  tsr_test_plugins plugins;
+  tsr_plugin_job plugins;
   char msg[1024];
   tsr_status st = load_plugins(&c, &plugins, msg, sizeof msg);
-  if (st == TSR_OK) tsr_test_plugins_free(&plugins);
+  if (st == TSR_OK) tsr_plugin_job_free(&plugins);
   if (st != TSR_EINVAL) fail_msg("status %s, expected EINVAL: %s", tsr_status_name(st), msg);
   if (!strstr(msg, want)) fail_msg("message\n  %s\nlacks\n  %s", msg, want);
 }
@@ -258,14 +258,14 @@ static void test_plan_errors(void **s) {
 
 /* A run whose sequence the plugins were not told about still fails clearly, in the rules. */
 static void run_fails(cp_case c, const char *want) {
-  tsr_test_plugins plugins;
+  tsr_plugin_job plugins;
   char msg[1024];
   if (load_plugins(&c, &plugins, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
   c.reg = plugins.reg;
   if (tsr_local_launch(world_of(&c), 60.0, run_step, &c) != TSR_OK)
     fail_msg("%s", tsr_last_error());
   tsr_test_step_result_free(&c.res);
-  tsr_test_plugins_free(&plugins);
+  tsr_plugin_job_free(&plugins);
   if (c.st0 == TSR_OK) fail_msg("the run succeeded; expected: %s", want);
   if (!strstr(c.msg0, want)) fail_msg("message\n  %s\nlacks\n  %s", c.msg0, want);
 }
@@ -341,12 +341,12 @@ static uint64_t attention_bytes(const char *dim, int n, int B, int L, int Hq, in
   } arg = {{dim, n, B, L, Hq, Hkv, D, 0}, NULL};
   cp_case jc = CASE(.ndim = 1, .shape = {n}, .names = {dim}, .heads = Hq, .kv_heads = Hkv, .seq = L,
                     .batch = B);
-  tsr_test_plugins plugins;
+  tsr_plugin_job plugins;
   char msg[1024];
   if (load_plugins(&jc, &plugins, msg, sizeof msg) != TSR_OK) fail_msg("load: %s", msg);
   arg.reg = plugins.reg;
   if (tsr_local_launch(n, 60.0, run_attention, &arg) != TSR_OK) fail_msg("%s", tsr_last_error());
-  tsr_test_plugins_free(&plugins);
+  tsr_plugin_job_free(&plugins);
   return arg.c.bytes;
 }
 

@@ -169,7 +169,7 @@ static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *w
 
 /* The job's plugins, loaded as `tessera run` loads them. */
 static void load(const char *mesh_dims, const char *mesh_shape, const char *plugins,
-                 const char *dp_section, const tsr_llama_config *c, tsr_test_plugins *out) {
+                 const char *dp_section, const tsr_llama_config *c, tsr_plugin_job *out) {
   char text[1024];
   snprintf(text, sizeof text,
            "[mesh]\ndims = %s\nshape = %s\n[plugins]\nload = %s\n[model]\nvocab_size = %d\n"
@@ -178,7 +178,7 @@ static void load(const char *mesh_dims, const char *mesh_shape, const char *plug
            mesh_dims, mesh_shape, plugins, c->vocab_size, c->hidden_size, c->intermediate_size,
            c->num_hidden_layers, c->num_attention_heads, c->num_key_value_heads,
            dp_section ? dp_section : "");
-  if (tsr_test_plugins_load(text, "dp.ini", out) != TSR_OK) fail_msg("%s", tsr_last_error());
+  if (tsr_plugin_job_load_string(text, "dp.ini", out) != TSR_OK) fail_msg("%s", tsr_last_error());
 }
 
 /* Runs the mesh given by a job's dims and shape and the 1-rank reference, compares them, and
@@ -186,7 +186,7 @@ static void load(const char *mesh_dims, const char *mesh_shape, const char *plug
 static void run_case(const char *dims, const char *shape, const char *plugins, const char *section,
                      int batch, int seq, const tsr_llama_config *c, run_result *many_out,
                      run_result *one_out) {
-  tsr_test_plugins l = {0};
+  tsr_plugin_job l = {0};
   load(dims, shape, plugins, section, c, &l);
   dp_case one = {.ndim = 1, .shape = {1}, .names = {"dp"}, .batch = batch, .seq = seq, .cfg = *c};
   dp_case many = {.reg = l.reg, .ndim = l.cfg->mesh.ndim, .batch = batch, .seq = seq, .cfg = *c};
@@ -207,7 +207,7 @@ static void run_case(const char *dims, const char *shape, const char *plugins, c
     expect_close(many.res.after[i], one.res.after[i], "parameter after step 1", i);
   }
   expect_close(many.res.last_loss, one.res.last_loss, "loss after 5 steps", STEPS);
-  tsr_test_plugins_free(&l);
+  tsr_plugin_job_free(&l);
   if (many_out)
     *many_out = many.res;
   else

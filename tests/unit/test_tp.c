@@ -166,8 +166,9 @@ static void run_and_compare(tp_case many) {
   if (tsr_local_launch(1, 60.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
   char text[1024];
   job_text(&many, NULL, text, sizeof text);
-  tsr_test_plugins plugins;
-  if (tsr_test_plugins_load(text, "job.ini", &plugins) != TSR_OK) fail_msg("%s", tsr_last_error());
+  tsr_plugin_job plugins;
+  if (tsr_plugin_job_load_string(text, "job.ini", &plugins) != TSR_OK)
+    fail_msg("%s", tsr_last_error());
   many.reg = plugins.reg;
   int world = many.dp * many.tp;
   if (tsr_local_launch(world, 60.0, run_step, &many) != TSR_OK) fail_msg("%s", tsr_last_error());
@@ -181,7 +182,7 @@ static void run_and_compare(tp_case many) {
   }
   tsr_test_step_result_free(&one.res);
   tsr_test_step_result_free(&many.res);
-  tsr_test_plugins_free(&plugins);
+  tsr_plugin_job_free(&plugins);
 }
 
 /* ---- tp ---- */
@@ -295,8 +296,8 @@ static void test_dp2_sp2(void **s) {
 static void load_fails(tp_case c, const char *want, const char *fix) {
   char text[1024];
   job_text(&c, NULL, text, sizeof text);
-  tsr_test_plugins plugins;
-  if (tsr_test_plugins_load(text, "job.ini", &plugins) == TSR_OK)
+  tsr_plugin_job plugins;
+  if (tsr_plugin_job_load_string(text, "job.ini", &plugins) == TSR_OK)
     fail_msg("the job loaded; expected: %s", want);
   if (!strstr(tsr_last_error(), want))
     fail_msg("message\n  %s\nlacks\n  %s", tsr_last_error(), want);
@@ -333,8 +334,8 @@ static void test_loss_parallel_key_is_checked(void **s) {
   char *lp = strstr(text, "loss_parallel = false");
   assert_non_null(lp);
   memcpy(lp, "loss_parallel = maybe", strlen("loss_parallel = maybe"));
-  tsr_test_plugins plugins;
-  assert_int_not_equal(tsr_test_plugins_load(text, "job.ini", &plugins), TSR_OK);
+  tsr_plugin_job plugins;
+  assert_int_not_equal(tsr_plugin_job_load_string(text, "job.ini", &plugins), TSR_OK);
   assert_non_null(strstr(tsr_last_error(), "loss_parallel"));
 }
 
