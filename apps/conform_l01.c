@@ -736,44 +736,60 @@ static cf_result l1_bad_values(const cf_plugin *p, const cf_test *t, char *msg, 
   return cf_say(msg, len, CF_PASS, "%d keys", p->nkeys);
 }
 
-/* Jobs that plugins commonly cannot split: a dim of 3 over 4 heads, 5 tokens, 2 layers. */
+/* Jobs that plugins commonly cannot split (a dim of 3-5 ranks over 4 heads, 5 tokens, 2 layers),
+ * through the callbacks directly: whatever validate, init or register_rules refuses must come
+ * with a status and a message; what init accepts, fini releases. */
 static cf_result l1_rejections(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   (void)t;
   if (need_loaded(p, msg, len) != CF_PASS) return CF_FAIL;
   void *h;
   const tsr_strategy *d = open_desc(p, &h, msg, len);
   if (!d) return CF_FAIL;
-  if (!d->validate) return cf_say(msg, len, CF_NOTSUP, "no validate callback");
-  int rejected = 0;
+  int rejected = 0, jobs = 0;
   for (int n = 3; n <= 5; n++)
-    for (int i = 0; i < (p->ndims ? p->ndims : 1); i++) {
-      const char *dims[1] = {p->ndims ? p->dims[i] : "tp"};
+    for (int i = 0; i < (p->ntest_dims ? p->ntest_dims : 1); i++) {
+      const char *dims[1] = {p->ntest_dims ? p->test_dims[i] : "tp"};
       int shape[1] = {n};
       char text[8192];
       cf_job_text(text, sizeof text, 1, dims, shape, "", 2, "train", "");
-      /* 4 heads, 2 kv heads, 16 tokens, 4 layers; n = 3 and 5 split none evenly */
       tsr_config *cfg;
       if (tsr_config_parse_string(text, "hostile.ini", &cfg) != TSR_OK)
         return cf_say(msg, len, CF_FAIL, "suite error: %s", tsr_last_error());
       cfg->data.seq_len = 5;
       cfg->model.num_hidden_layers = 2;
       tsr_plugin_args args = {cfg, p->name, p->path, TSR_ABI_MAJOR, TSR_ABI_MINOR};
+      const char *stage = "validate";
       tsr_clear_error();
-      tsr_status st = d->validate(&args);
+      tsr_status st = d->validate ? d->validate(&args) : TSR_OK;
+      void *state = NULL;
+      if (st == TSR_OK) {
+        stage = "init";
+        st = d->init(&args, &state);
+        if (st == TSR_OK) {
+          tsr_registry_t *reg = NULL;
+          stage = "register_rules";
+          st = tsr_registry_new(&reg);
+          if (st == TSR_OK) st = d->register_rules(reg, &args, state);
+          tsr_registry_free(reg);
+          d->fini(state);
+        }
+      }
       char e[CF_MSG];
       snprintf(e, sizeof e, "%s", tsr_last_error());
       tsr_config_free(cfg);
+      jobs++;
       if (st == TSR_OK) continue;
       rejected++;
       if (!e[0])
-        return cf_say(msg, len, CF_FAIL, "validate returned %s for %s = %d without a message",
+        return cf_say(msg, len, CF_FAIL, "%s returned %s for %s = %d without a message", stage,
                       tsr_status_name(st), dims[0], n);
     }
   if (!rejected)
     return cf_say(msg, len, CF_NOTSUP,
-                  "validate accepted every job tried (dims of 3-5 over 4 "
-                  "heads, 5 tokens, 2 layers)");
-  return cf_say(msg, len, CF_PASS, "%d rejections, each with a message", rejected);
+                  "accepted all %d jobs tried (dims of 3-5 over 4 heads, 5 tokens, 2 layers); "
+                  "init, register_rules and fini ran on each",
+                  jobs);
+  return cf_say(msg, len, CF_PASS, "%d of %d jobs refused, each with a message", rejected, jobs);
 }
 
 static cf_result l1_failed_job(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {

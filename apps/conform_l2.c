@@ -382,8 +382,12 @@ static const void *find_item(const cf_plugin *p, const cf_item *it, int n, int *
   return NULL;
 }
 
+/* A refusal is EINVAL or ENOTSUP with a message beyond the launcher's "rank R: " prefix. */
 static bool refusal(tsr_status st) {
-  return st == TSR_EINVAL || st == TSR_ENOTSUP;
+  const char *e = tsr_last_error();
+  int skip = 0;
+  if (sscanf(e, "rank %*d: %n", &skip) == 0 && skip > 0) e += skip;
+  return (st == TSR_EINVAL || st == TSR_ENOTSUP) && e[0];
 }
 
 /* Runs the case over the shape variants and grades it. */
