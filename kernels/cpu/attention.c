@@ -109,7 +109,7 @@ static void transpose(float *restrict kt, const float *restrict x, int n, int D)
  * row's running max and Σ exp(score − m).
  * ------------------------------------------------------------------------------------------- */
 
-static void forward_units(void *ctx, int64_t begin, int64_t end) {
+TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t end) {
   attn_args *a = ctx;
   const int D = a->D, Lq = a->Lq, Lk = a->Lk, bq = a->bq, bk = TSR_ATTN_BLOCK;
   int group = a->Hq / a->Hkv;
@@ -151,10 +151,10 @@ static void forward_units(void *ctx, int64_t begin, int64_t end) {
           }
           float mi = m[i0 + i], m_new = mi > bm ? mi : bm;
           /* mi == -inf before the row's first visible key: corr = 0 and acc, l are still 0. */
-          float corr = expf(mi - m_new);
+          float corr = tsr_exp_neg(mi - m_new);
           float sum = 0.0f;
           for (int j = 0; j < nk; j++) {
-            float p = expf(si[j] - m_new); /* masked: expf(-inf) = 0 */
+            float p = tsr_exp_neg(si[j] - m_new); /* masked: exp(-inf) = 0 */
             si[j] = p;
             sum += p;
           }
@@ -229,7 +229,7 @@ tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, 
  *   dV += Pᵀ dout,  dP = dout Vᵀ,  dS = P ∘ (dP − D) · scale,  dQ += dS K,  dK += dSᵀ Q.
  * ------------------------------------------------------------------------------------------- */
 
-static void backward_units(void *ctx, int64_t begin, int64_t end) {
+TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t end) {
   attn_args *a = ctx;
   const int D = a->D, Lq = a->Lq, Lk = a->Lk, bq = a->bq, bk = TSR_ATTN_BLOCK;
   int group = a->Hq / a->Hkv;
@@ -279,7 +279,8 @@ static void backward_units(void *ctx, int64_t begin, int64_t end) {
               memset(pi, 0, sizeof(float) * (size_t)nk);
               continue;
             }
-            for (int j = 0; j < nk; j++) pi[j] = expf(pi[j] - li);
+            /* s − lse <= 0 up to rounding; the exponential clamps the rest to 0 */
+            for (int j = 0; j < nk; j++) pi[j] = tsr_exp_neg(pi[j] - li);
           }
           tsr_gemm_raw(dvh + (int64_t)j0 * D, p, gt, nk, D, nq, true, false, 1.0f, 1.0f);
           tsr_gemm_raw(ds, gt, vt, nq, nk, D, false, false, 1.0f, 0.0f);

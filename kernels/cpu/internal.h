@@ -14,6 +14,17 @@
 typedef void (*tsr_range_fn)(void *ctx, int64_t begin, int64_t end);
 void tsr_parallel_for(int64_t n, int64_t min_chunk, tsr_range_fn fn, void *ctx);
 
+/* Hot loops are compiled twice where the compiler can: for x86-64-v3 (AVX2, FMA) and for the
+ * baseline, picked at load time. Both give the same results: the sources contract nothing into
+ * FMAs (ISO C mode) and reassociate nothing, so only the vector width differs (an explicit fmaf is
+ * exact either way). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define TSR_VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TSR_VECTOR_CLONES
+#endif
+
 /* Kernel timing (tsr_kernel_profile_enable): tsr_profile_begin at the top of a public kernel,
  * tsr_profile_end with its kind and the value begin returned on every way out. */
 int64_t tsr_profile_begin(void);

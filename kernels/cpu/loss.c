@@ -11,7 +11,7 @@
  * every machine and thread count, and wide enough for the compiler to vectorise them. */
 #define TSR_CE_LANES 16
 
-static float row_max(const float *restrict row, int V) {
+TSR_VECTOR_CLONES static float row_max(const float *restrict row, int V) {
   float m[TSR_CE_LANES];
   for (int k = 0; k < TSR_CE_LANES; k++) m[k] = -INFINITY;
   int j = 0;
@@ -25,7 +25,7 @@ static float row_max(const float *restrict row, int V) {
 
 /* Σ exp(row − m), the terms in f32 (each within 2 ulp) and their sum in double: for a large
  * vocabulary most terms are tiny and an f32 running sum would drop them. */
-static double row_sumexp(const float *restrict row, int V, float m) {
+TSR_VECTOR_CLONES static double row_sumexp(const float *restrict row, int V, float m) {
   double s[TSR_CE_LANES] = {0};
   int j = 0;
   for (; j + TSR_CE_LANES <= V; j += TSR_CE_LANES)
@@ -39,8 +39,9 @@ static double row_sumexp(const float *restrict row, int V, float m) {
 /* drow += scale · (softmax(row) − onehot(t)) with softmax = exp(row − m) / sumexp, m the row max:
  * the exponent's argument stays exact-ish in f32 and 1/sumexp is folded into one coefficient
  * (a few ulp in all, as an f32 softmax). t < 0 means no one-hot column. */
-static void softmax_grad_row(float *restrict drow, const float *restrict row, int V, float m,
-                             double sumexp, int64_t t, double scale) {
+TSR_VECTOR_CLONES static void softmax_grad_row(float *restrict drow, const float *restrict row,
+                                               int V, float m, double sumexp, int64_t t,
+                                               double scale) {
   float coef = (float)(scale / sumexp);
   for (int j = 0; j < V; j++) drow[j] += coef * tsr_exp_neg(row[j] - m);
   if (t >= 0) drow[t] -= (float)scale;
