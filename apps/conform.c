@@ -52,8 +52,8 @@ static const char conform_usage[] =
     "  --verbose        print each child's output\n"
     "\n"
     "exit codes: 0 every test passed (or XFAIL, or NOTSUP without --strict), 1 a test failed or\n"
-    "            passed unexpectedly (XPASS), 2 bad arguments, unreadable --xfail file, or no\n"
-    "            such plugin file\n";
+    "            passed unexpectedly (XPASS), 2 bad arguments (a --filter that matches no test\n"
+    "            too), unreadable --xfail file, or no such plugin file\n";
 
 typedef enum cf_format { CF_HUMAN = 0, CF_TAP, CF_XML } cf_format;
 
@@ -458,6 +458,13 @@ int tsr_cmd_conform(int argc, char **argv) {
 
   int nsel = 0;
   for (int i = 0; i < g_ntests; i++) nsel += selected(&g_tests[i], filters, nfilters);
+  if (nfilters && !nsel) {
+    /* a filter that matches nothing would otherwise pass a CI job that tested nothing */
+    fprintf(stderr, "tessera conform: no test matches --filter %s%s; see --list\n", filters[0],
+            nfilters > 1 ? " ..." : "");
+    free(xf);
+    return TSR_EXIT_BAD_INPUT;
+  }
   FILE *out = stdout;
   char abi[32];
   snprintf(abi, sizeof abi, p.described ? "%u.%u" : "unknown", p.abi_major, p.abi_minor);

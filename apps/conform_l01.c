@@ -4,6 +4,7 @@
  * with the field named; the loader's own verdict (tsr_plugin_probe) is one more test. L1 drives
  * the callbacks through the loader and directly, as two jobs in one process would.
  */
+#define _GNU_SOURCE /* strsignal */
 #include <ctype.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -373,23 +374,36 @@ static void discover_step(cf_plugin *p, void (*step)(cf_plugin *), double timeou
   static cf_plugin got;
   size_t off = 0;
   struct pollfd pfd = {fds[0], POLLIN, 0};
+  bool hung = true;
   while (off < sizeof got && poll(&pfd, 1, (int)(timeout_s * 1000)) > 0) {
     ssize_t r = read(fds[0], (char *)&got + off, sizeof got - off);
-    if (r <= 0) break;
+    if (r <= 0) {
+      hung = false; /* the child closed the pipe: it exited or died */
+      break;
+    }
     off += (size_t)r;
   }
   close(fds[0]);
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  if (off == sizeof got)
+  int status = 0;
+  if (off == sizeof got || hung) kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  if (off == sizeof got) {
     *p = got;
-  else if (!p->load_msg[0])
-    snprintf(p->load_msg, sizeof p->load_msg, "discovery (%s) died in the plugin", what);
+  } else if (!p->load_msg[0]) {
+    if (hung)
+      snprintf(p->load_msg, sizeof p->load_msg, "discovery (%s) hung for %g s", what, timeout_s);
+    else if (WIFSIGNALED(status))
+      snprintf(p->load_msg, sizeof p->load_msg, "discovery (%s) crashed: signal %d (%s)", what,
+               WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+      snprintf(p->load_msg, sizeof p->load_msg, "discovery (%s) exited with status %d", what,
+               WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
 }
 
 void cf_discover(cf_plugin *p, double timeout_s) {
   discover_step(p, read_desc, timeout_s, "reading the descriptor");
-  if (p->described && p->name[0]) discover_step(p, discover_rules, timeout_s * 4, "loading it");
+  if (p->described && p->name[0]) discover_step(p, discover_rules, timeout_s, "loading it");
 }
 
 /* ---- L0: load and ABI ---- */
