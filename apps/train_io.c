@@ -101,7 +101,8 @@ cleanup:
   return st;
 }
 
-/* Full copies of each parameter's `which` (0 value, 1 exp_avg, 2 exp_avg_sq). Collective. */
+/* Full copies of each parameter's `which` (0 value, 1 exp_avg, 2 exp_avg_sq), on rank 0 also
+ * for the parameters of pipeline stages it does not hold. Collective. */
 static tsr_status gather_all(tsr_train_rank *t, int which, tsr_tensor ***out) {
   tsr_tensor **full = calloc((size_t)t->nparams + 1, sizeof *full);
   if (!full) return TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
@@ -109,8 +110,27 @@ static tsr_status gather_all(tsr_train_rank *t, int which, tsr_tensor ***out) {
     const tsr_dtensor *x = which == 0   ? t->params[i]->value
                            : which == 1 ? tsr_adamw_exp_avg(t->opt, i)
                                         : tsr_adamw_exp_avg_sq(t->opt, i);
-    if (!x || !x->local) continue;
-    tsr_status st = tsr_dtensor_full_tensor(t->r, x, &full[i]);
+    /* a rank off the parameter's stage has no optimizer state for it, but joins the move with
+     * the parameter's (local-less) value */
+    if (!x && !t->params[i]->value->local) x = t->params[i]->value;
+    if (!x) continue;
+    tsr_status st = TSR_OK;
+    if (!tsr_mesh_equal(x->mesh, t->job->mesh) && tsr_mesh_unbound_dim(x->mesh)) {
+      /* on one pipeline stage: every rank joins the move to the whole mesh, so that rank 0
+       * gets it from whichever stage holds it (the others drop their copy) */
+      tsr_placement rep[TSR_MAX_MESH_DIMS];
+      for (int d = 0; d < tsr_mesh_ndim(t->job->mesh); d++) rep[d] = tsr_replicate();
+      tsr_dtensor *y = NULL;
+      st = tsr_dtensor_redistribute(t->r, x, t->job->mesh, rep, &y);
+      if (st == TSR_OK) st = tsr_dtensor_full_tensor(t->r, y, &full[i]);
+      tsr_dtensor_free(y);
+      if (st == TSR_OK && tsr_rank_id(t->r) != 0) {
+        tsr_tensor_free(full[i]);
+        full[i] = NULL;
+      }
+    } else if (x->local) {
+      st = tsr_dtensor_full_tensor(t->r, x, &full[i]);
+    }
     if (st != TSR_OK) {
       free_full(full, t->nparams);
       return st;

@@ -106,3 +106,15 @@ foreach(c "schedule = interleaved_1f1b;\\[strategy\\.pp\\] stages_per_rank: inte
   set_tests_properties(e2e_pp_rejects_${tag} PROPERTIES LABELS e2e
     PASS_REGULAR_EXPRESSION "${want}.*exit=2")
 endforeach()
+
+# Checkpoint save with pp > 1 gathers every stage (pp 2, pp 3, pp 2 x dp 2 x tp 2, interleaved)
+# and a 1-rank load of it runs the same model.
+foreach(c "pp2;pp_ref" "pp3;pp_ref" "pp2x2;pp_ref" "pp2i;pp_ref6")
+  list(GET c 0 job)
+  list(GET c 1 ref)
+  add_test(NAME e2e_${job}_checkpoint_save
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/pp_ckpt.sh ${TESSERA_BIN} ${E2E_JOBS}/${job}.ini
+    ${E2E_JOBS}/${ref}.ini ${E2E_OUT}/pp_ckpt_${job})
+  set_tests_properties(e2e_${job}_checkpoint_save PROPERTIES LABELS e2e
+    PASS_REGULAR_EXPRESSION "MATCH: 0 tensors.*MATCH: 0 tensors.*MATCH: 0 tensors")
+endforeach()
