@@ -527,8 +527,12 @@ int tsr_cmd_conform(int argc, char **argv) {
       else if (o->result == CF_XPASS)
         fprintf(out, " # XPASS: %s", o->xreason);
       fputc('\n', out);
-      if (o->msg[0] && o->result != CF_PASS)
-        fprintf(out, "  ---\n  message: \"%s\"\n  ...\n", o->msg);
+      if (o->msg[0] && o->result != CF_PASS) {
+        /* a YAML block as TAP 13 has it; the message's quotes become apostrophes */
+        fprintf(out, "  ---\n  message: \"");
+        for (const char *c = o->msg; *c; c++) fputc(*c == '"' || *c == '\\' ? '\'' : *c, out);
+        fprintf(out, "\"\n  ...\n");
+      }
     }
     fflush(out);
   }

@@ -841,7 +841,9 @@ static cf_result l2_discovery(const cf_plugin *p, const cf_test *t, char *msg, s
   (void)t;
   if (!p->loaded)
     return cf_say(msg, len, CF_FAIL, "discovery could not load it: %s",
-                  p->load_msg[0] ? p->load_msg : "the descriptor could not be read");
+                  p->load_msg[0] ? p->load_msg
+                  : !p->name[0]  ? "the file is not named libtessera-<name>.so"
+                                 : "the descriptor could not be read");
   int count[4] = {0};
   for (int i = 0; i < p->nitems; i++) count[p->items[i].kind]++;
   if (!p->nitems)
