@@ -6,10 +6,13 @@
  *   BROKEN_INIT      init dereferences a null pointer (the suite must survive the crash);
  *   BROKEN_DESC      struct_size smaller than an ABI 1.0 descriptor;
  *   BROKEN_BACKWARD  an add rule on dim `bb` whose forward is right and whose backward doubles
- *                    the gradient.
+ *                    the gradient;
+ *   BROKEN_HANG      an rmsnorm rule on dim `bh` whose compute never returns (the suite must
+ *                    kill it at the timeout).
  */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tessera/plugin.h"
 
@@ -70,10 +73,30 @@ static tsr_status add_backward(tsr_rank_t *r, int dim, int ninputs, const tsr_dt
     TSR_CHECK(tsr_tensor_clone(gout[0]->local, &g));
     float *p = tsr_tensor_data(g);
     for (int64_t k = 0; k < tsr_tensor_numel(g); k++) p[k] *= 2.0f;
-    TSR_CHECK(tsr_dtensor_from_local(r, in[i]->mesh, g, in[i]->shape, gout[0]->placements,
-                                     &gin[i]));
+    TSR_CHECK(
+        tsr_dtensor_from_local(r, in[i]->mesh, g, in[i]->shape, gout[0]->placements, &gin[i]));
   }
   return TSR_OK;
+}
+#endif
+
+#ifdef BROKEN_HANG
+static tsr_status hang_forward(tsr_rank_t *r, int dim, int ninputs, const tsr_dtensor *const *in,
+                               const void *attrs, int noutputs, tsr_dtensor **out, void **saved,
+                               void *ctx) {
+  (void)r, (void)dim, (void)ninputs, (void)in, (void)attrs, (void)noutputs, (void)out, (void)ctx;
+  *saved = NULL;
+  for (;;) sleep(1);
+  return TSR_OK; /* not reached */
+}
+
+static tsr_status hang_backward(tsr_rank_t *r, int dim, int ninputs, const tsr_dtensor *const *in,
+                                const void *attrs, int noutputs, const tsr_dtensor *const *outs,
+                                const tsr_dtensor *const *gout, tsr_dtensor **gin, void *saved,
+                                void *ctx) {
+  (void)r, (void)dim, (void)ninputs, (void)in, (void)attrs, (void)noutputs, (void)outs;
+  (void)gout, (void)gin, (void)saved, (void)ctx;
+  return TSR_ENOTSUP;
 }
 #endif
 
@@ -100,6 +123,18 @@ static tsr_status broken_register(tsr_registry_t *reg, const tsr_plugin_args *ar
                       .grads = {tsr_shard(0), tsr_shard(0)},
                       .compute = add_forward,
                       .backward = add_backward};
+  return tsr_registry_add_op_rule(reg, &rule);
+#elif defined(BROKEN_HANG)
+  tsr_op_rule rule = {.name = "broken_hang.rmsnorm",
+                      .op = "rmsnorm",
+                      .mesh_dim = BROKEN_DIM,
+                      .ninputs = 2,
+                      .inputs = {tsr_shard(0), tsr_replicate()},
+                      .noutputs = 1,
+                      .outputs = {tsr_shard(0)},
+                      .grads = {tsr_shard(0), tsr_partial(TSR_REDUCE_SUM)},
+                      .compute = hang_forward,
+                      .backward = hang_backward};
   return tsr_registry_add_op_rule(reg, &rule);
 #else
   (void)reg;
