@@ -8,6 +8,8 @@
  *            step's span over all ranks)
  * analytic = the schedule simulated with backward = 2 x forward (each half of a split backward
  *            1 x), free transfers
+ * W share  = zero_bubble: time in weight parts / time in input and weight parts, over all ranks
+ *            (the work the split really moves out of the input part)
  *
  * usage: bench_pp [hidden] [seq]
  */
@@ -27,6 +29,7 @@ typedef struct bench_ctx {
   const tsr_schedule *sched;
   int chunks;
   double busy[8], t0[8], t1[8];
+  double input_s[8], weight_s[8]; /* time in the split backward's parts */
 } bench_ctx;
 
 static tsr_status run(tsr_comm_t *comm, void *arg) {
@@ -63,6 +66,12 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
         tsr_llama_pipe_step(model, m, b->sched, MB, ids, labels, ROWS, b->seq, true, false, &res),
         st);
     double busy = 0, t0 = res.events[0].t0, t1 = res.events[res.nevents - 1].t1;
+    b->input_s[me] = b->weight_s[me] = 0;
+    for (int i = 0; i < res.nevents; i++) {
+      double d = res.events[i].t1 - res.events[i].t0;
+      if (res.events[i].kind == TSR_PIPE_BACKWARD_INPUT) b->input_s[me] += d;
+      if (res.events[i].kind == TSR_PIPE_BACKWARD_WEIGHT) b->weight_s[me] += d;
+    }
     for (int i = 0; i < res.nevents; i++)
       if (res.events[i].kind == TSR_PIPE_FORWARD || res.events[i].kind == TSR_PIPE_BACKWARD ||
           res.events[i].kind == TSR_PIPE_BACKWARD_INPUT ||
@@ -93,8 +102,8 @@ int main(int argc, char **argv) {
   printf("pipeline bubble, %d microbatches of %d rows x %d tokens, hidden %d, 8 layers, %d "
          "cores\n",
          MB, ROWS / MB, seq, hidden, tsr_kernel_num_cores());
-  printf("%-18s %3s %6s %10s %10s %12s\n", "schedule", "pp", "chunks", "analytic", "measured",
-         "step ms");
+  printf("%-18s %3s %6s %10s %10s %12s %8s\n", "schedule", "pp", "chunks", "analytic", "measured",
+         "step ms", "W share");
   for (int s = 0; s < 4; s++)
     for (int pp = 2; pp <= 4; pp *= 2) {
       bench_ctx b = {
@@ -103,15 +112,18 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_pp: %s\n", tsr_last_error());
         return 1;
       }
-      double t0 = b.t0[0], t1 = b.t1[0], busy = 0;
+      double t0 = b.t0[0], t1 = b.t1[0], busy = 0, in_s = 0, w_s = 0;
       for (int r = 0; r < pp; r++) {
         t0 = b.t0[r] < t0 ? b.t0[r] : t0;
         t1 = b.t1[r] > t1 ? b.t1[r] : t1;
         busy += b.busy[r] / pp;
+        in_s += b.input_s[r], w_s += b.weight_s[r];
       }
+      char share[16] = "-";
+      if (in_s + w_s > 0) snprintf(share, sizeof share, "%.2f", w_s / (in_s + w_s));
       double analytic = tsr_pipe_simulate(&scheds[s], pp, chunks[s], MB, 1.0, 2.0, NULL);
-      printf("%-18s %3d %6d %10.3f %10.3f %12.1f\n", scheds[s].name, pp, chunks[s], analytic,
-             1.0 - busy / (t1 - t0), (t1 - t0) * 1e3);
+      printf("%-18s %3d %6d %10.3f %10.3f %12.1f %8s\n", scheds[s].name, pp, chunks[s], analytic,
+             1.0 - busy / (t1 - t0), (t1 - t0) * 1e3, share);
     }
   return 0;
 }

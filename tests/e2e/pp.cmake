@@ -29,7 +29,8 @@ endforeach()
 # under the other schedules; each job line: job, reference, schedule, microbatch counts.
 foreach(c "pp2i;pp_ref6;interleaved_1f1b;2 4 8" "pp3i;pp_ref6;interleaved_1f1b;3 6"
           "pp2x2i;pp_ref6;interleaved_1f1b;2 4" "pp2_lps;pp_ref;1f1b;1 3"
-          "pp2_lps;pp_ref;zero_bubble;2 8" "pp2x2;pp_ref;zero_bubble;1 4" "pp2x2;pp_ref;gpipe;2")
+          "pp2_lps;pp_ref;zero_bubble;2 8" "pp2x2;pp_ref;zero_bubble;1 4" "pp2x2;pp_ref;gpipe;2"
+          "pp2_fsdp;pp_ref;zero_bubble;4")
   list(GET c 0 job)
   list(GET c 1 ref)
   list(GET c 2 sched)
