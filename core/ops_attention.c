@@ -1,6 +1,6 @@
-/* Scaled dot-product attention on (B, L, H, D) vars. The kernel works on (B, H, L, D), so the
- * op transposes in and out; it saves the kernel-layout q/k/v, the output and the log-sum-exp for
- * backward, so that backward recomputes nothing but the probabilities. */
+/* Scaled dot-product attention on (B, L, H, D) vars, with the kernels that read that layout in
+ * place. It saves the output and the log-sum-exp for backward (q, k, v are the inputs, which the
+ * tape keeps), so that backward recomputes nothing but the probabilities. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,8 +11,7 @@ typedef struct sdpa_saved {
   bool causal;
   int B, L, Lk, Hq, Hkv, D;
   int32_t *q_pos, *k_pos; /* (L), (Lk) global positions of the local rows */
-  float *q, *k, *v;       /* (B, H, L, D) */
-  float *out, *lse;       /* (B, Hq, L, D), (B, Hq, L) */
+  float *out, *lse;       /* (B, L, Hq, D), (B, Hq, L) */
 } sdpa_saved;
 
 static void sdpa_saved_free(void *p) {
@@ -20,9 +19,6 @@ static void sdpa_saved_free(void *p) {
   if (!s) return;
   free(s->q_pos);
   free(s->k_pos);
-  free(s->q);
-  free(s->k);
-  free(s->v);
   free(s->out);
   free(s->lse);
   free(s);
@@ -52,25 +48,14 @@ static tsr_status sdpa_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
   const tsr_dtensor *g;
   tsr_dtensor *owned, *dq = NULL, *dk = NULL, *dv = NULL;
   TSR_CHECK(tsr_op_grad_of(t, out[0], want, &g, &owned));
-  size_t nq = (size_t)s->B * s->Hq * s->L * s->D, nk = (size_t)s->B * s->Hkv * s->Lk * s->D;
-  float *gq = malloc(sizeof(float) * (nq + 2 * nk + nq + 1));
-  tsr_status st = gq ? TSR_OK : TSR_ERROR(TSR_ENOMEM, "out of memory in attention backward");
-  float *gk = gq + nq, *gv = gk + nk, *dout = gv + nk;
-  if (st == TSR_OK) st = tsr_op_new_grad(t, in[0], s->plan.grads[0], &dq);
+  tsr_status st = tsr_op_new_grad(t, in[0], s->plan.grads[0], &dq);
   if (st == TSR_OK) st = tsr_op_new_grad(t, in[1], s->plan.grads[1], &dk);
   if (st == TSR_OK) st = tsr_op_new_grad(t, in[2], s->plan.grads[2], &dv);
-  if (st == TSR_OK && g->local) {
-    memset(gq, 0, sizeof(float) * (nq + 2 * nk));
-    tsr_kernel_blhd_to_bhld(dout, fdata(g), s->B, s->L, s->Hq, s->D);
-    st = tsr_kernel_attention_backward(gq, gk, gv, dout, s->q, s->k, s->v, s->out, s->lse, s->q_pos,
-                                       s->k_pos, s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, s->causal);
-    if (st == TSR_OK) {
-      tsr_kernel_bhld_to_blhd(fdata(dq), gq, s->B, s->L, s->Hq, s->D);
-      tsr_kernel_bhld_to_blhd(fdata(dk), gk, s->B, s->Lk, s->Hkv, s->D);
-      tsr_kernel_bhld_to_blhd(fdata(dv), gv, s->B, s->Lk, s->Hkv, s->D);
-    }
-  }
-  free(gq);
+  if (st == TSR_OK && g->local)
+    st = tsr_kernel_attention_backward_blhd(fdata(dq), fdata(dk), fdata(dv), fdata(g),
+                                            fdata(in[0]->value), fdata(in[1]->value),
+                                            fdata(in[2]->value), s->out, s->lse, s->q_pos, s->k_pos,
+                                            s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, s->causal);
   tsr_dtensor_free(owned);
   tsr_dtensor *grads[3] = {dq, dk, dv};
   for (int i = 0; i < 3; i++) {
@@ -120,23 +105,19 @@ tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool c
     s->D = (int)ql[3];
     s->q_pos = positions(t, q->value, &s->L);
     s->k_pos = positions(t, k->value, &s->Lk);
-    size_t nq = (size_t)s->B * s->Hq * s->L * s->D, nk = (size_t)s->B * s->Hkv * s->Lk * s->D;
-    s->q = malloc(sizeof(float) * (nq ? nq : 1));
-    s->k = malloc(sizeof(float) * (nk ? nk : 1));
-    s->v = malloc(sizeof(float) * (nk ? nk : 1));
+    size_t nq = (size_t)s->B * s->Hq * s->L * s->D;
     s->out = malloc(sizeof(float) * (nq ? nq : 1));
     s->lse = malloc(sizeof(float) * ((size_t)s->B * s->Hq * s->L + 1));
-    if (!s->q_pos || !s->k_pos || !s->q || !s->k || !s->v || !s->out || !s->lse) {
+    if (!s->q_pos || !s->k_pos || !s->out || !s->lse) {
       sdpa_saved_free(s);
       return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
     }
-    tsr_kernel_blhd_to_bhld(s->q, fdata(q->value), s->B, s->L, s->Hq, s->D);
-    tsr_kernel_blhd_to_bhld(s->k, fdata(k->value), s->B, s->Lk, s->Hkv, s->D);
-    tsr_kernel_blhd_to_bhld(s->v, fdata(v->value), s->B, s->Lk, s->Hkv, s->D);
-    st = tsr_kernel_attention_forward(s->out, s->lse, s->q, s->k, s->v, s->q_pos, s->k_pos, s->B,
-                                      s->Hq, s->Hkv, s->L, s->Lk, s->D, causal);
-    if (st == TSR_OK)
-      tsr_kernel_bhld_to_blhd(fdata((*out)->value), s->out, s->B, s->L, s->Hq, s->D);
+    float *o = fdata((*out)->value);
+    st = tsr_kernel_attention_forward_blhd(o, s->lse, fdata(q->value), fdata(k->value),
+                                           fdata(v->value), s->q_pos, s->k_pos, s->B, s->Hq, s->Hkv,
+                                           s->L, s->Lk, s->D, causal);
+    /* a copy: the output var may be released before this node's backward runs */
+    if (st == TSR_OK) memcpy(s->out, o, sizeof(float) * nq);
   }
   if (st != TSR_OK) {
     sdpa_saved_free(s);

@@ -257,6 +257,27 @@ tsr_status tsr_kernel_attention_backward(
     const int32_t *k_pos /* (Lk) or NULL */, int B, int Hq, int Hkv, int Lq, int Lk, int D,
     bool causal);
 
+/* The same two kernels on the projection layout, without layout changes: q, out, dq, dout are
+ * (B, Lq, Hq, D) and k, v, dk, dv (B, Lk, Hkv, D); lse stays (B, Hq, Lq). Results equal those of
+ * the (B, H, L, D) kernels on the transposed tensors bit for bit. */
+tsr_status tsr_kernel_attention_forward_blhd(float *out /* (B, Lq, Hq, D) */,
+                                             float *lse /* (B, Hq, Lq) */,
+                                             const float *q /* (B, Lq, Hq, D) */,
+                                             const float *k /* (B, Lk, Hkv, D) */,
+                                             const float *v /* (B, Lk, Hkv, D) */,
+                                             const int32_t *q_pos /* (Lq) or NULL */,
+                                             const int32_t *k_pos /* (Lk) or NULL */, int B, int Hq,
+                                             int Hkv, int Lq, int Lk, int D, bool causal);
+
+tsr_status tsr_kernel_attention_backward_blhd(
+    float *dq /* (B, Lq, Hq, D) */, float *dk /* (B, Lk, Hkv, D) */,
+    float *dv /* (B, Lk, Hkv, D) */, const float *dout /* (B, Lq, Hq, D) */,
+    const float *q /* (B, Lq, Hq, D) */, const float *k /* (B, Lk, Hkv, D) */,
+    const float *v /* (B, Lk, Hkv, D) */, const float *out /* (B, Lq, Hq, D) */,
+    const float *lse /* (B, Hq, Lq) */, const int32_t *q_pos /* (Lq) or NULL */,
+    const int32_t *k_pos /* (Lk) or NULL */, int B, int Hq, int Hkv, int Lq, int Lk, int D,
+    bool causal);
+
 /* Combines two partial attention results over disjoint key sets A and B into the result over
  * A ∪ B: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a − lse)·out_a + exp(lse_b − lse)·out_b,
  * computed against the larger lse so nothing overflows; two -inf rows give out = 0, lse = -inf.

@@ -26,7 +26,8 @@ typedef struct attn_args {
   const float *flse;        /* backward: forward lse */
   const int32_t *q_pos, *k_pos;
   int Hq, Hkv, Lq, Lk, D;
-  int bq; /* query rows per tile */
+  int bq;    /* query rows per tile */
+  bool blhd; /* q/out/dq/dout are (B, Lq, Hq, D) and k/v/dk/dv (B, Lk, Hkv, D) */
   bool causal;
   float scale;
   atomic_int nomem; /* a thread could not get its work buffers */
@@ -34,6 +35,22 @@ typedef struct attn_args {
 
 static inline int32_t pos_at(const int32_t *pos, int i) {
   return pos != NULL ? pos[i] : i;
+}
+
+/* Offset of head h of batch b, and the distance between its rows, in a tensor with H heads of L
+ * rows: (B, H, L, D) or (B, L, H, D). */
+static inline int64_t head_at(const attn_args *a, int64_t b, int64_t h, int H, int L) {
+  return a->blhd ? (b * L * H + h) * a->D : (b * H + h) * L * a->D;
+}
+
+static inline int64_t row_step(const attn_args *a, int H) {
+  return a->blhd ? (int64_t)H * a->D : a->D;
+}
+
+static inline void gemm_ld(float *c, int64_t ldc, const float *x, int64_t ldx, const float *y,
+                           int64_t ldy, int M, int N, int K, bool tx, bool ty, float alpha,
+                           float beta) {
+  tsr_gemm_strided(c, ldc, x, ldx, y, ldy, M, N, K, tx, ty, alpha, beta);
 }
 
 static tsr_status check_shapes(const char *what, int B, int Hq, int Hkv, int Lq, int Lk, int D) {
@@ -98,9 +115,9 @@ static void mask_tile(float *s, const attn_args *a, int i0, int nq, int j0, int 
 
 /* kt (D, n) = x (n, D) transposed, so that every tile product is a plain NN or TN GEMM (OpenBLAS's
  * NT path is about half as fast at these sizes). */
-static void transpose(float *restrict kt, const float *restrict x, int n, int D) {
+static void transpose(float *restrict kt, const float *restrict x, int64_t ldx, int n, int D) {
   for (int j = 0; j < n; j++)
-    for (int d = 0; d < D; d++) kt[(int64_t)d * n + j] = x[(int64_t)j * D + d];
+    for (int d = 0; d < D; d++) kt[(int64_t)d * n + j] = x[(int64_t)j * ldx + d];
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -113,7 +130,7 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
   attn_args *a = ctx;
   const int D = a->D, Lq = a->Lq, Lk = a->Lk, bq = a->bq, bk = TSR_ATTN_BLOCK;
   int group = a->Hq / a->Hkv;
-  int64_t qsz = (int64_t)Lq * D, ksz = (int64_t)Lk * D;
+  const int64_t sq = row_step(a, a->Hq), sk = row_step(a, a->Hkv);
   float *work = malloc(sizeof(float) * ((size_t)D * bk + (size_t)bq * bk + 2 * (size_t)Lq + 1));
   if (work == NULL) {
     atomic_store(&a->nomem, 1);
@@ -122,14 +139,16 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
   float *kt = work, *s = kt + (int64_t)D * bk, *m = s + (int64_t)bq * bk, *l = m + Lq;
   for (int64_t u = begin; u < end; u++) {
     int64_t b = u / a->Hq, h = u % a->Hq;
-    int64_t kvh = b * a->Hkv + h / group;
-    const float *qh = a->q + u * qsz;
-    const float *kh = a->k + kvh * ksz;
-    const float *vh = a->v + kvh * ksz;
-    float *oh = a->out + u * qsz;
+    int64_t kvh = h / group;
+    const float *qh = a->q + head_at(a, b, h, a->Hq, Lq);
+    const float *kh = a->k + head_at(a, b, kvh, a->Hkv, Lk);
+    const float *vh = a->v + head_at(a, b, kvh, a->Hkv, Lk);
+    float *oh = a->out + head_at(a, b, h, a->Hq, Lq);
     float *lh = a->lse + u * Lq;
-    memset(oh, 0, sizeof(float) * (size_t)qsz);
-    for (int i = 0; i < Lq; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    for (int i = 0; i < Lq; i++) {
+      memset(oh + i * sq, 0, sizeof(float) * (size_t)D);
+      m[i] = -INFINITY, l[i] = 0.0f;
+    }
     for (int j0 = 0; j0 < Lk; j0 += bk) {
       int nk = Lk - j0 < bk ? Lk - j0 : bk;
       span ks = span_of(a->k_pos, j0, nk);
@@ -138,8 +157,8 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
         int nq = Lq - i0 < bq ? Lq - i0 : bq;
         tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
         if (tm == TILE_NONE) continue; /* a fully masked tile changes nothing */
-        if (!transposed) transpose(kt, kh + (int64_t)j0 * D, nk, D), transposed = true;
-        tsr_gemm_raw(s, qh + (int64_t)i0 * D, kt, nq, nk, D, false, false, a->scale, 0.0f);
+        if (!transposed) transpose(kt, kh + j0 * sk, sk, nk, D), transposed = true;
+        gemm_ld(s, nk, qh + i0 * sq, sq, kt, nk, nq, nk, D, false, false, a->scale, 0.0f);
         if (tm == TILE_SOME) mask_tile(s, a, i0, nq, j0, nk);
         for (int i = 0; i < nq; i++) {
           float *si = s + (int64_t)i * nk;
@@ -161,16 +180,15 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
           l[i0 + i] = l[i0 + i] * corr + sum;
           m[i0 + i] = m_new;
           if (corr != 1.0f) {
-            float *oi = oh + (int64_t)(i0 + i) * D;
+            float *oi = oh + (i0 + i) * sq;
             for (int d = 0; d < D; d++) oi[d] *= corr;
           }
         }
-        tsr_gemm_raw(oh + (int64_t)i0 * D, s, vh + (int64_t)j0 * D, nq, D, nk, false, false, 1.0f,
-                     1.0f);
+        gemm_ld(oh + i0 * sq, sq, s, nk, vh + j0 * sk, sk, nq, D, nk, false, false, 1.0f, 1.0f);
       }
     }
     for (int i = 0; i < Lq; i++) {
-      float *oi = oh + (int64_t)i * D;
+      float *oi = oh + i * sq;
       if (l[i] == 0.0f) { /* saw no key: out stays 0 */
         lh[i] = -INFINITY;
         continue;
@@ -185,8 +203,8 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
 
 static tsr_status attention_forward_impl(float *out, float *lse, const float *q, const float *k,
                                          const float *v, const int32_t *q_pos, const int32_t *k_pos,
-                                         int B, int Hq, int Hkv, int Lq, int Lk, int D,
-                                         bool causal) {
+                                         int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal,
+                                         bool blhd) {
   TSR_CHECK(check_shapes("attention forward", B, Hq, Hkv, Lq, Lk, D));
   attn_args a = {.out = out,
                  .lse = lse,
@@ -201,6 +219,7 @@ static tsr_status attention_forward_impl(float *out, float *lse, const float *q,
                  .Lk = Lk,
                  .D = D,
                  .bq = query_block(D),
+                 .blhd = blhd,
                  .causal = causal,
                  .scale = 1.0f / sqrtf((float)D)};
   atomic_init(&a.nomem, 0);
@@ -216,7 +235,18 @@ tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, 
                                         bool causal) {
   int64_t t0 = tsr_profile_begin();
   tsr_status r =
-      attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal);
+      attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal, false);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
+tsr_status tsr_kernel_attention_forward_blhd(float *out, float *lse, const float *q, const float *k,
+                                             const float *v, const int32_t *q_pos,
+                                             const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
+                                             int Lk, int D, bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r =
+      attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal, true);
   tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
   return r;
 }
@@ -233,7 +263,7 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
   attn_args *a = ctx;
   const int D = a->D, Lq = a->Lq, Lk = a->Lk, bq = a->bq, bk = TSR_ATTN_BLOCK;
   int group = a->Hq / a->Hkv;
-  int64_t qsz = (int64_t)Lq * D, ksz = (int64_t)Lk * D;
+  const int64_t sq = row_step(a, a->Hq), sk = row_step(a, a->Hkv);
   float *work = malloc(sizeof(float) * (2 * (size_t)D * bk + 2 * (size_t)bq * bk + (size_t)Lq + 1));
   if (work == NULL) {
     atomic_store(&a->nomem, 1);
@@ -242,19 +272,20 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
   float *kt = work, *vt = kt + (int64_t)D * bk, *p = vt + (int64_t)D * bk;
   float *ds = p + (int64_t)bq * bk, *di = ds + (int64_t)bq * bk;
   for (int64_t u = begin; u < end; u++) {
-    int64_t b = u / a->Hkv;
-    const float *kh = a->k + u * ksz, *vh = a->v + u * ksz;
-    float *dkh = a->dk + u * ksz, *dvh = a->dv + u * ksz;
-    for (int64_t h = (u % a->Hkv) * group; h < (u % a->Hkv + 1) * group; h++) {
-      int64_t qh = b * a->Hq + h;
-      const float *qb = a->q + qh * qsz, *gb = a->dout + qh * qsz, *ob = a->fout + qh * qsz;
-      const float *lb = a->flse + qh * Lq;
-      float *dqb = a->dq + qh * qsz;
+    int64_t b = u / a->Hkv, kvh = u % a->Hkv;
+    int64_t koff = head_at(a, b, kvh, a->Hkv, Lk);
+    const float *kh = a->k + koff, *vh = a->v + koff;
+    float *dkh = a->dk + koff, *dvh = a->dv + koff;
+    for (int64_t h = kvh * group; h < (kvh + 1) * group; h++) {
+      int64_t qoff = head_at(a, b, h, a->Hq, Lq);
+      const float *qb = a->q + qoff, *gb = a->dout + qoff, *ob = a->fout + qoff;
+      const float *lb = a->flse + (b * a->Hq + h) * Lq;
+      float *dqb = a->dq + qoff;
       for (int i = 0; i < Lq; i++) {
-        const float *gi = gb + (int64_t)i * D, *oi = ob + (int64_t)i * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; d++) s += gi[d] * oi[d];
-        di[i] = s;
+        const float *gi = gb + i * sq, *oi = ob + i * sq;
+        float sum = 0.0f;
+        for (int d = 0; d < D; d++) sum += gi[d] * oi[d];
+        di[i] = sum;
       }
       for (int j0 = 0; j0 < Lk; j0 += bk) {
         int nk = Lk - j0 < bk ? Lk - j0 : bk;
@@ -265,12 +296,12 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
           tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
           if (tm == TILE_NONE) continue;
           if (!transposed) {
-            transpose(kt, kh + (int64_t)j0 * D, nk, D);
-            transpose(vt, vh + (int64_t)j0 * D, nk, D);
+            transpose(kt, kh + j0 * sk, sk, nk, D);
+            transpose(vt, vh + j0 * sk, sk, nk, D);
             transposed = true;
           }
-          const float *qt = qb + (int64_t)i0 * D, *gt = gb + (int64_t)i0 * D;
-          tsr_gemm_raw(p, qt, kt, nq, nk, D, false, false, a->scale, 0.0f);
+          const float *qt = qb + i0 * sq, *gt = gb + i0 * sq;
+          gemm_ld(p, nk, qt, sq, kt, nk, nq, nk, D, false, false, a->scale, 0.0f);
           if (tm == TILE_SOME) mask_tile(p, a, i0, nq, j0, nk);
           for (int i = 0; i < nq; i++) {
             float *pi = p + (int64_t)i * nk;
@@ -282,16 +313,15 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
             /* s − lse <= 0 up to rounding; the exponential clamps the rest to 0 */
             for (int j = 0; j < nk; j++) pi[j] = tsr_exp_neg(pi[j] - li);
           }
-          tsr_gemm_raw(dvh + (int64_t)j0 * D, p, gt, nk, D, nq, true, false, 1.0f, 1.0f);
-          tsr_gemm_raw(ds, gt, vt, nq, nk, D, false, false, 1.0f, 0.0f);
+          gemm_ld(dvh + j0 * sk, sk, p, nk, gt, sq, nk, D, nq, true, false, 1.0f, 1.0f);
+          gemm_ld(ds, nk, gt, sq, vt, nk, nq, nk, D, false, false, 1.0f, 0.0f);
           for (int i = 0; i < nq; i++) {
             const float *pi = p + (int64_t)i * nk;
             float *dsi = ds + (int64_t)i * nk, dd = di[i0 + i];
             for (int j = 0; j < nk; j++) dsi[j] = pi[j] * (dsi[j] - dd) * a->scale;
           }
-          tsr_gemm_raw(dqb + (int64_t)i0 * D, ds, kh + (int64_t)j0 * D, nq, D, nk, false, false,
-                       1.0f, 1.0f);
-          tsr_gemm_raw(dkh + (int64_t)j0 * D, ds, qt, nk, D, nq, true, false, 1.0f, 1.0f);
+          gemm_ld(dqb + i0 * sq, sq, ds, nk, kh + j0 * sk, sk, nq, D, nk, false, false, 1.0f, 1.0f);
+          gemm_ld(dkh + j0 * sk, sk, ds, nk, qt, sq, nk, D, nq, true, false, 1.0f, 1.0f);
         }
       }
     }
@@ -303,7 +333,7 @@ static tsr_status attention_backward_impl(float *dq, float *dk, float *dv, const
                                           const float *q, const float *k, const float *v,
                                           const float *out, const float *lse, const int32_t *q_pos,
                                           const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
-                                          int Lk, int D, bool causal) {
+                                          int Lk, int D, bool causal, bool blhd) {
   TSR_CHECK(check_shapes("attention backward", B, Hq, Hkv, Lq, Lk, D));
   attn_args a = {.dq = dq,
                  .dk = dk,
@@ -322,6 +352,7 @@ static tsr_status attention_backward_impl(float *dq, float *dk, float *dv, const
                  .Lk = Lk,
                  .D = D,
                  .bq = query_block(D),
+                 .blhd = blhd,
                  .causal = causal,
                  .scale = 1.0f / sqrtf((float)D)};
   atomic_init(&a.nomem, 0);
@@ -339,7 +370,19 @@ tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const 
                                          int Lk, int D, bool causal) {
   int64_t t0 = tsr_profile_begin();
   tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq,
-                                         Hkv, Lq, Lk, D, causal);
+                                         Hkv, Lq, Lk, D, causal, false);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
+tsr_status tsr_kernel_attention_backward_blhd(float *dq, float *dk, float *dv, const float *dout,
+                                              const float *q, const float *k, const float *v,
+                                              const float *out, const float *lse,
+                                              const int32_t *q_pos, const int32_t *k_pos, int B,
+                                              int Hq, int Hkv, int Lq, int Lk, int D, bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq,
+                                         Hkv, Lq, Lk, D, causal, true);
   tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
   return r;
 }

@@ -35,6 +35,11 @@ void tsr_profile_end(tsr_kernel_kind kind, int64_t t0);
 void tsr_gemm_raw(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                   bool trans_b, float alpha, float beta);
 
+/* The same with explicit row strides (leading dimensions) of c, a and b. */
+void tsr_gemm_strided(float *c, int64_t ldc, const float *a, int64_t lda, const float *b,
+                      int64_t ldb, int M, int N, int K, bool trans_a, bool trans_b, float alpha,
+                      float beta);
+
 /* e^x in f32 for x <= 0 (larger x are clamped to 0), within 2 ulp of expf and 0 below -87.3
  * (including -inf). Branch-free so that loops over it vectorise: x = n·ln2 + r with |r| <= ln2/2,
  * e^r by a degree-6 polynomial, 2^n put into the exponent bits. */

@@ -7,6 +7,20 @@
 #include "internal.h"
 #include "tessera/kernels.h"
 
+void tsr_gemm_strided(float *c, int64_t ldc, const float *a, int64_t lda, const float *b,
+                      int64_t ldb, int M, int N, int K, bool trans_a, bool trans_b, float alpha,
+                      float beta) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, (int)lda, b, (int)ldb, beta,
+              c, (int)ldc);
+}
+
 void tsr_gemm_raw(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                   bool trans_b, float alpha, float beta) {
   if (M <= 0 || N <= 0) return;

@@ -332,6 +332,54 @@ static void test_attention_threads(void **state) {
   bufs_free(&a);
 }
 
+/* The (B, L, H, D) entry points equal the (B, H, L, D) ones on transposed tensors, bit for bit:
+ * GQA, a causal mask through tiles, several key and query tiles, positions with empty rows. */
+static void check_blhd(const attn_case *c, uint64_t seed) {
+  attn_bufs a;
+  bufs_init(&a, c, seed);
+  assert_int_equal(run_forward(&a), TSR_OK);
+  float *dq = test_alloc(a.nq), *dk = test_alloc(a.nk), *dv = test_alloc(a.nk);
+  assert_int_equal(tsr_kernel_attention_backward(dq, dk, dv, a.wout, a.q, a.k, a.v, a.out, a.lse,
+                                                 c->q_pos, c->k_pos, c->B, c->Hq, c->Hkv, c->Lq,
+                                                 c->Lk, c->D, c->causal),
+                   TSR_OK);
+  /* the same inputs in the projection layout; the gradients start from the same (zero) state */
+  float *q = test_alloc(a.nq), *k = test_alloc(a.nk), *v = test_alloc(a.nk), *g = test_alloc(a.nq);
+  float *o = test_alloc(a.nq), *l = test_alloc(a.nl), *dq2 = test_alloc(a.nq);
+  float *dk2 = test_alloc(a.nk), *dv2 = test_alloc(a.nk),
+        *t = test_alloc(a.nq > a.nk ? a.nq : a.nk);
+  tsr_kernel_bhld_to_blhd(q, a.q, c->B, c->Lq, c->Hq, c->D);
+  tsr_kernel_bhld_to_blhd(g, a.wout, c->B, c->Lq, c->Hq, c->D);
+  tsr_kernel_bhld_to_blhd(k, a.k, c->B, c->Lk, c->Hkv, c->D);
+  tsr_kernel_bhld_to_blhd(v, a.v, c->B, c->Lk, c->Hkv, c->D);
+  assert_int_equal(tsr_kernel_attention_forward_blhd(o, l, q, k, v, c->q_pos, c->k_pos, c->B, c->Hq,
+                                                     c->Hkv, c->Lq, c->Lk, c->D, c->causal),
+                   TSR_OK);
+  assert_memory_equal(l, a.lse, (size_t)a.nl * sizeof(float));
+  tsr_kernel_blhd_to_bhld(t, o, c->B, c->Lq, c->Hq, c->D);
+  assert_memory_equal(t, a.out, (size_t)a.nq * sizeof(float));
+  assert_int_equal(tsr_kernel_attention_backward_blhd(dq2, dk2, dv2, g, q, k, v, o, l, c->q_pos,
+                                                      c->k_pos, c->B, c->Hq, c->Hkv, c->Lq, c->Lk,
+                                                      c->D, c->causal),
+                   TSR_OK);
+  tsr_kernel_blhd_to_bhld(t, dq2, c->B, c->Lq, c->Hq, c->D);
+  assert_memory_equal(t, dq, (size_t)a.nq * sizeof(float));
+  tsr_kernel_blhd_to_bhld(t, dk2, c->B, c->Lk, c->Hkv, c->D);
+  assert_memory_equal(t, dk, (size_t)a.nk * sizeof(float));
+  tsr_kernel_blhd_to_bhld(t, dv2, c->B, c->Lk, c->Hkv, c->D);
+  assert_memory_equal(t, dv, (size_t)a.nk * sizeof(float));
+  free(dq), free(dk), free(dv), free(q), free(k), free(v), free(g), free(o), free(l), free(dq2);
+  free(dk2), free(dv2), free(t);
+  bufs_free(&a);
+}
+
+static void test_attention_blhd(void **state) {
+  (void)state;
+  check_blhd(&(attn_case){2, 4, 2, 150, 150, 16, true, NULL, NULL}, 12);
+  check_blhd(&(attn_case){1, 2, 1, 8, 6, 4, true, zig_q, late_k}, 13);
+  check_blhd(&(attn_case){1, 3, 3, 5, 70, 8, false, NULL, NULL}, 14);
+}
+
 static void test_attention_errors(void **state) {
   (void)state;
   float x[16] = {0}, l[4];
@@ -348,7 +396,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_attention_forward),  cmocka_unit_test(test_attention_merge),
       cmocka_unit_test(test_attention_backward), cmocka_unit_test(test_attention_backward_blocks),
-      cmocka_unit_test(test_attention_threads),  cmocka_unit_test(test_attention_errors),
+      cmocka_unit_test(test_attention_threads),  cmocka_unit_test(test_attention_blhd),
+      cmocka_unit_test(test_attention_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
