@@ -72,8 +72,13 @@ typedef struct cf_outcome {
 static cf_test g_tests[CF_MAX_TESTS];
 static int g_ntests;
 
+static int g_dropped; /* tests beyond CF_MAX_TESTS, reported in the header */
+
 bool cf_add_test(const char *name, int level, cf_test_fn fn, int item, int n, const char *arg) {
-  if (g_ntests >= CF_MAX_TESTS) return false;
+  if (g_ntests >= CF_MAX_TESTS) {
+    g_dropped++;
+    return false;
+  }
   cf_test *t = &g_tests[g_ntests++];
   memset(t, 0, sizeof *t);
   snprintf(t->name, sizeof t->name, "%s", name);
@@ -474,8 +479,12 @@ int tsr_cmd_conform(int argc, char **argv) {
             TSR_VERSION_MAJOR, TSR_VERSION_MINOR, TSR_VERSION_PATCH, TSR_ABI_MAJOR, TSR_ABI_MINOR);
     fprintf(out, "plugin: %s %s, ABI %s, path %s\n", shown, p.version[0] ? p.version : "-", abi,
             p.path);
-    fprintf(out, "tests: %d of %d selected, timeout %g s each%s\n\n", nsel, g_ntests, timeout_s,
+    fprintf(out, "tests: %d of %d selected, timeout %g s each%s\n", nsel, g_ntests, timeout_s,
             strict ? ", strict" : "");
+    if (g_dropped)
+      fprintf(out, "warning: %d more tests not run: the suite holds at most %d\n", g_dropped,
+              CF_MAX_TESTS);
+    fputc('\n', out);
   } else if (fmt == CF_TAP) {
     fprintf(out, "TAP version 13\n");
     fprintf(out, "# tessera conform %s (tessera %d.%d.%d, core ABI %d.%d)\n", CF_SUITE_VERSION,

@@ -64,9 +64,9 @@ typedef struct cf_plugin {
   char dims[CF_MAX_LIST][TSR_MAX_DIM_NAME];
   char required[CF_MAX_LIST][TSR_MAX_NAME];
   cf_key keys[CF_MAX_KEYS];
-  bool loaded;           /* discovery loaded it into a job (init and register ran) */
-  char load_msg[CF_MSG]; /* why not, when it did not */
-  int nitems;
+  bool loaded;               /* discovery loaded it into a job (init and register ran) */
+  char load_msg[CF_MSG];     /* why not, when it did not */
+  int nitems, items_dropped; /* registrations beyond CF_MAX_ITEMS are counted, not tested */
   cf_item items[CF_MAX_ITEMS];
   int n_optim_hooks, n_grad_hooks;
   /* The dims the L2 and L3 tests put it on: its own, or, for a plugin that owns none (sp), the

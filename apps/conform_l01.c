@@ -219,7 +219,10 @@ static void add_item(cf_plugin *p, cf_item_kind kind, const char *name, const ch
       return;
     }
   }
-  if (p->nitems == CF_MAX_ITEMS) return;
+  if (p->nitems == CF_MAX_ITEMS) {
+    p->items_dropped++;
+    return;
+  }
   cf_item *it = &p->items[p->nitems++];
   it->kind = kind;
   snprintf(it->name, sizeof it->name, "%s", name ? name : "(unnamed)");

@@ -850,6 +850,9 @@ static cf_result l2_discovery(const cf_plugin *p, const cf_test *t, char *msg, s
     return cf_say(msg, len, CF_NOTSUP,
                   "registers no op rule, transition, module style or "
                   "schedule on its dims");
+  if (p->items_dropped)
+    return cf_say(msg, len, CF_NOTSUP, "%d registrations found; the suite tests the first %d",
+                  p->nitems + p->items_dropped, CF_MAX_ITEMS);
   return cf_say(msg, len, CF_PASS, "%d op rules, %d transitions, %d module styles, %d schedules",
                 count[CF_ITEM_OP], count[CF_ITEM_REDIST], count[CF_ITEM_STYLE],
                 count[CF_ITEM_SCHED]);
