@@ -69,10 +69,10 @@ const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m);
 int tsr_llama_param_count(const tsr_llama_t *m);
 tsr_var *tsr_llama_param(tsr_llama_t *m, int i);
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i);
-/* Pipeline stages: the model unbinds the mesh's `pp` dim (one stage without it), into pp x
- * stages_per_rank stages. Embeddings live
- * on stage 0, the final norm and lm_head on the last, layer l on tsr_llama_assign_layers' stage;
- * a rank holds only its stage's parameters (the others have no local tensor), and activations
+/* Pipeline stages: the model unbinds the mesh's `pp` dim (one stage without it) and lays its
+ * layers over pp x stages_per_rank stages (tsr_llama_layout). Embeddings live on stage 0, the
+ * final norm and lm_head on the last, layer l on tsr_llama_assign_layers' stage or the layout's;
+ * a rank holds only its stages' parameters (the others have no local tensor), and activations
  * cross stages by cross-mesh redistribute. */
 int tsr_llama_stage_count(const tsr_llama_t *m);
 /* The mesh of `stage`: the pp coordinate stage % pp of the job's mesh. */

@@ -18,7 +18,7 @@
 #include "llama_pipe.h"
 #include "tessera/ops.h"
 
-#define MAX_PARAMS 64
+#define MAX_PARAMS 96
 #define B          6
 #define L          5
 
@@ -128,6 +128,10 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
   else
     tsr_tensor_free(logits);
   pc->nparams = tsr_llama_param_count(model);
+  if (pc->nparams > MAX_PARAMS) {
+    st = TSR_ERROR(TSR_EINVAL, "%d parameters; raise MAX_PARAMS", pc->nparams);
+    goto cleanup;
+  }
   for (int i = 0; i < pc->nparams; i++) {
     tsr_var *p = tsr_llama_param(model, i);
     tsr_tensor *full;
@@ -271,9 +275,9 @@ static void test_pp2_replicated_tp2(void **s) {
   against_one_rank(2, shape, names, 2);
 }
 
-/* Virtual stages and explicit splits over 6 layers: interleaved at pp 2 (2 and 3 chunks), 3 and
- * 4 (uneven and explicit, some stages on the same rank twice), zero_bubble at pp 3 with 2, 3, 1
- * layers, 1f1b with 1, 5. */
+/* Virtual stages and explicit splits over 6 layers: interleaved at pp 2 (2 and 3 chunks, uneven
+ * and explicit 2, 1, 2, 1) and pp 3 (even and explicit), zero_bubble at pp 3 with 2, 3, 1 layers
+ * and at pp 2 with 1, 5, 1f1b with 1, 5; then interleaved at pp 4 over 8 layers. */
 static void test_virtual_and_explicit_stages(void **s) {
   (void)s;
   pp_case one;
@@ -300,6 +304,15 @@ static void test_virtual_and_explicit_stages(void **s) {
     c.layout.layers_per_stage = cases[i].lps;
     c.layout.nlayers_per_stage = cases[i].nlps;
     expect_case(&c, &one, cases[i].pp);
+    case_free(&c);
+  }
+  case_free(&one);
+  /* pp 4 x 2 chunks: 8 layers, one per stage */
+  reference(8, &one);
+  int shape4[1] = {4};
+  for (int mb = 4; mb <= B; mb += 4) {
+    pp_case c = mesh_case(1, shape4, names, &inter2, mb, 2);
+    expect_case(&c, &one, 4);
     case_free(&c);
   }
   case_free(&one);
