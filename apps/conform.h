@@ -1,9 +1,10 @@
 /* `tessera conform`: the plugin conformance suite (docs/conformance.md).
  *
  * conform.c is the driver: options, the test list, running each test in a forked child with a
- * timeout, expected failures and the three output formats. The levels live beside it:
- * conform_l01.c (discovery, L0 load/ABI, L1 contract), conform_l2.c (rules, styles and
- * schedules against dense references), conform_l3.c (the Llama model against the 1-rank run).
+ * timeout, expected failures and the three output formats. conform_job.c writes the tests' jobs
+ * and runs discovery. The levels: conform_l01.c (L0 load/ABI, L1 contract), conform_l2.c (rules,
+ * styles and transitions against dense references), conform_l2_sched.c (pipeline schedules),
+ * conform_l3.c (the Llama model against the 1-rank run).
  */
 #ifndef TESSERA_APP_CONFORM_H
 #define TESSERA_APP_CONFORM_H
@@ -100,7 +101,7 @@ struct cf_test {
 /* Adds a test; false when the list is full. */
 bool cf_add_test(const char *name, int level, cf_test_fn fn, int item, int n, const char *arg);
 
-/* ---- Shared helpers (conform_l01.c) ---- */
+/* ---- Jobs and discovery (conform_job.c) ---- */
 
 /* The text of a job file: mesh `dims` x `shape` (ndim entries; 0 gives a 1-rank "dp" mesh), the
  * plugins in `load` (comma-separated, may be ""), the model and data of `model` (0: the L2
@@ -116,6 +117,13 @@ tsr_status cf_job_load(const char *text, tsr_config **cfg, tsr_registry_t **reg,
                        tsr_plugin_set_t **set);
 void cf_job_free(tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t *set);
 
+/* The in-tree plugins, which L1 and L3 combine with the one under test when they are found. */
+#define CF_NKNOWN 6
+extern const char *const cf_known_plugins[CF_NKNOWN];
+/* True for a C identifier shorter than max characters. */
+bool cf_ident(const char *s, size_t max);
+/* dlopen + entry point of the plugin's file; NULL with the reason in msg. *handle stays open. */
+const tsr_strategy *cf_open_desc(const cf_plugin *p, void **handle, char *msg, size_t len);
 /* The path of libtessera-<name>.so on the search path; false when there is none. */
 bool cf_find_plugin(const char *name, char *out, size_t len);
 /* Runs discovery in a forked child and fills p (name, descriptor, registrations). */
@@ -135,6 +143,9 @@ bool cf_variant(const cf_plugin *p, int v, int *model, char *extra, size_t len);
 /* Formats like snprintf into msg and returns r, for one-line test bodies. */
 cf_result cf_say(char *msg, size_t len, cf_result r, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* The L2 check of one schedule on `stages` stages over 1-6 microbatches (conform_l2_sched.c). */
+cf_result cf_schedule_check(const tsr_schedule *sched, int stages, char *msg, size_t len);
 
 int tsr_cmd_conform(int argc, char **argv);
 
