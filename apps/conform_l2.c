@@ -2,8 +2,8 @@
  *
  * For every op rule, redistribute transition, module style and schedule the plugin registers,
  * and every mesh of 1-4 ranks along the dim it registered on, the test loads a job whose mesh is
- * that dim alone, finds the registration again (trying the job variants of cf_variant until one
- * registers it) and runs ranks of the local backend on it:
+ * that dim alone, finds the registration again in every job variant of cf_variant that registers
+ * it, and runs ranks of the local backend on it:
  *   op rule     inputs placed as the rule says, the op through the registry, against the op on
  *               replicated inputs in a rank without any plugin (the dense reference): output,
  *               output placement, and the gradient of every float input for a random output
@@ -13,7 +13,8 @@
  *   style       the module (linear, embedding, rmsnorm, attention, mlp) with parameters, input
  *               and output placed by the style, against the dense module, forward and backward;
  *   schedule    every stage's action list for 1-4 stages and 1-6 microbatches: each microbatch
- *               forward then backward once per stage, sends matching receives, no deadlock.
+ *               forward then backward once per stage, sends matching receives, no deadlock
+ *               (conform_l2_sched.c).
  * Shapes come in an uneven variant (7, 11, 13: torch.chunk leaves no rank empty) and even ones.
  * A rule may refuse a shape with EINVAL or ENOTSUP; one that refuses every shape tried is
  * NOTSUP, a wrong number or any other failure is FAILED.
