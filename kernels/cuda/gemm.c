@@ -16,6 +16,25 @@ static tsr_status gemm_ex(tsr_cuda_ctx *ctx, void *c, cudaDataType ct, const voi
                                  a, abt, lda, &beta, c, ct, N, compute, CUBLAS_GEMM_DEFAULT));
 }
 
+tsr_status tsr_cuda_gemm_batched(tsr_cuda_ctx *ctx, void *c, bool c_bf16, const void *a,
+                                 const void *b, bool ab_bf16, int M, int N, int K, bool trans_a,
+                                 bool trans_b, float alpha, float beta, int64_t stride_a,
+                                 int64_t stride_b, int64_t stride_c, int batch) {
+  if (M < 0 || N < 0 || K <= 0 || batch < 0)
+    return TSR_ERROR(TSR_EINVAL, "batched gemm: bad size (M=%d, N=%d, K=%d, batch=%d)", M, N, K,
+                     batch);
+  if (M == 0 || N == 0 || batch == 0) return TSR_OK;
+  int lda = trans_a ? M : K;
+  int ldb = trans_b ? K : N;
+  cudaDataType abt = ab_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  cublasComputeType_t compute =
+      ab_bf16 || !ctx->tf32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32;
+  return TSR_CUBLAS(cublasGemmStridedBatchedEx(
+      ctx->blas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+      &alpha, b, abt, ldb, stride_b, a, abt, lda, stride_a, &beta, c,
+      c_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, stride_c, batch, compute, CUBLAS_GEMM_DEFAULT));
+}
+
 static tsr_status gemm_f32(tsr_cuda_ctx *ctx, float *c, const float *a, const float *b, int M,
                            int N, int K, bool trans_a, bool trans_b, float alpha, float beta) {
   if (M <= 0 || N <= 0) return TSR_OK;

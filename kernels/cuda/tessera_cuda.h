@@ -98,6 +98,31 @@ tsr_status tsr_cuda_gemm_bf16(tsr_cuda_ctx *ctx, void *c, bool c_bf16, const uin
                               const uint16_t *b, int M, int N, int K, bool trans_a, bool trans_b,
                               float alpha, float beta);
 
+/* `batch` independent row-major GEMMs c_i = alpha · op(a_i) · op(b_i) + beta · c_i, the i-th
+ * operands starting stride_* elements after the previous ones. a and b are both bf16 (f32
+ * accumulation) or both f32 (TF32 as the context is set); c is f32 or bf16. */
+tsr_status tsr_cuda_gemm_batched(tsr_cuda_ctx *ctx, void *c, bool c_bf16, const void *a,
+                                 const void *b, bool ab_bf16, int M, int N, int K, bool trans_a,
+                                 bool trans_b, float alpha, float beta, int64_t stride_a,
+                                 int64_t stride_b, int64_t stride_c, int batch);
+
+/* Attention through batched GEMMs, for positions 0, 1, 2, ... (causal = top-left aligned, as the
+ * kernel table's attention with NULL positions): same layouts, outputs and accumulation rules as
+ * tsr_kernel_attention_forward / _backward, f32 in and out. The scores of each (batch, kv head)
+ * are materialised ((B·Hq·Lq·Lk) f32 plus as many probabilities) in blocks from the context's
+ * allocator, so the tensor cores do the work. bf16: the GEMM operands (q, k, v, dout,
+ * probabilities, score gradients) are rounded to bf16 with f32 accumulation; else f32 (TF32 as
+ * the context is set). Lk must be positive. */
+tsr_status tsr_cuda_attention_gemm_forward(tsr_cuda_ctx *ctx, float *out, float *lse,
+                                           const float *q, const float *k, const float *v, int B,
+                                           int Hq, int Hkv, int Lq, int Lk, int D, bool causal,
+                                           bool bf16);
+tsr_status tsr_cuda_attention_gemm_backward(tsr_cuda_ctx *ctx, float *dq, float *dk, float *dv,
+                                            const float *dout, const float *q, const float *k,
+                                            const float *v, const float *out, const float *lse,
+                                            int B, int Hq, int Hkv, int Lq, int Lk, int D,
+                                            bool causal, bool bf16);
+
 /* Element-wise conversions on the compute stream, rounding to nearest even as tsr_f32_to_bf16. */
 void tsr_cuda_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 void tsr_cuda_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);

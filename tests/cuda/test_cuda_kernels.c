@@ -388,6 +388,69 @@ static void test_attention(void **state) {
       TSR_EINVAL);
 }
 
+/* The batched-GEMM attention against the CPU kernel (default positions only). f32 with IEEE
+ * GEMMs: the same tolerance as the kernel above. bf16: q, k, v, dout, the probabilities and the
+ * score gradients are rounded to 8 mantissa bits (2^-9 relative each), so results move by a few
+ * 2^-9 of their terms: rtol 3e-2, atol 1e-2 for values of magnitude <= 1. */
+static void attention_gemm_case(int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal,
+                                bool bf16) {
+  const int64_t nq = (int64_t)B * Hq * Lq * D, nk = (int64_t)B * Hkv * Lk * D;
+  const int64_t nl = (int64_t)B * Hq * Lq;
+  uint64_t s = (uint64_t)(B * 5 + Hq + Lq * 3 + Lk * 13 + D + bf16);
+  float *q = test_alloc(nq), *k = test_alloc(nk), *v = test_alloc(nk), *out = test_alloc(nq);
+  float *lse = test_alloc(nl), *g = test_alloc(nq), *dq = test_alloc(nq), *dk = test_alloc(nk);
+  float *dv = test_alloc(nk);
+  test_fill(q, nq, &s, -1, 1);
+  test_fill(k, nk, &s, -1, 1);
+  test_fill(v, nk, &s, -1, 1);
+  test_fill(g, nq, &s, -1, 1);
+  test_fill(dq, nq, &s, -1, 1);
+  test_fill(dk, nk, &s, -1, 1);
+  test_fill(dv, nk, &s, -1, 1);
+  float *d_q = dev_f(q, nq), *d_k = dev_f(k, nk), *d_v = dev_f(v, nk), *d_out = dev_f(out, nq);
+  float *d_lse = dev_f(lse, nl), *d_g = dev_f(g, nq), *d_dq = dev_f(dq, nq);
+  float *d_dk = dev_f(dk, nk), *d_dv = dev_f(dv, nk);
+  double rtol = bf16 ? 3e-2 : 1e-4, atol = bf16 ? 1e-2 : 1e-5;
+  tsr_cuda_ctx_set_tf32(g_ctx, false);
+  assert_int_equal(
+      cpu->attention_forward(out, lse, q, k, v, NULL, NULL, B, Hq, Hkv, Lq, Lk, D, causal), TSR_OK);
+  assert_int_equal(tsr_cuda_attention_gemm_forward(g_ctx, d_out, d_lse, d_q, d_k, d_v, B, Hq, Hkv,
+                                                   Lq, Lk, D, causal, bf16),
+                   TSR_OK);
+  check_dev(bf16 ? "attention gemm bf16 out" : "attention gemm out", d_out, out, nq, rtol, atol);
+  check_dev(bf16 ? "attention gemm bf16 lse" : "attention gemm lse", d_lse, lse, nl, rtol, atol);
+  assert_int_equal(cpu->attention_backward(dq, dk, dv, g, q, k, v, out, lse, NULL, NULL, B, Hq, Hkv,
+                                           Lq, Lk, D, causal),
+                   TSR_OK);
+  assert_int_equal(tsr_cuda_copy_to_device(g_ctx, d_out, out, (size_t)nq * 4), TSR_OK);
+  assert_int_equal(tsr_cuda_copy_to_device(g_ctx, d_lse, lse, (size_t)nl * 4), TSR_OK);
+  assert_int_equal(tsr_cuda_attention_gemm_backward(g_ctx, d_dq, d_dk, d_dv, d_g, d_q, d_k, d_v,
+                                                    d_out, d_lse, B, Hq, Hkv, Lq, Lk, D, causal,
+                                                    bf16),
+                   TSR_OK);
+  check_dev("attention gemm dq", d_dq, dq, nq, rtol, atol);
+  check_dev("attention gemm dk", d_dk, dk, nk, rtol, atol);
+  check_dev("attention gemm dv", d_dv, dv, nk, rtol, atol);
+  tsr_cuda_ctx_set_tf32(g_ctx, true);
+  dev_free(d_q, nq * 4), dev_free(d_k, nk * 4), dev_free(d_v, nk * 4), dev_free(d_out, nq * 4);
+  dev_free(d_lse, nl * 4), dev_free(d_g, nq * 4), dev_free(d_dq, nq * 4);
+  dev_free(d_dk, nk * 4), dev_free(d_dv, nk * 4);
+  free(q), free(k), free(v), free(out), free(lse), free(g), free(dq), free(dk), free(dv);
+}
+
+static void test_attention_gemm(void **state) {
+  (void)state;
+  for (int bf16 = 0; bf16 < 2; bf16++) {
+    attention_gemm_case(2, 4, 2, 33, 33, 16, true, bf16);
+    attention_gemm_case(1, 2, 2, 20, 300, 64, false, bf16);
+    attention_gemm_case(1, 6, 2, 40, 150, 128, true, bf16);
+    attention_gemm_case(2, 2, 1, 7, 5, 8, true, bf16); /* Lq > Lk */
+  }
+  assert_int_equal(tsr_cuda_attention_gemm_forward(g_ctx, NULL, NULL, NULL, NULL, NULL, 1, 2, 2, 4,
+                                                   0, 8, true, false),
+                   TSR_EINVAL);
+}
+
 static void test_attention_merge(void **state) {
   (void)state;
   const int R = 40, D = 200;
@@ -517,6 +580,7 @@ int main(void) {
       cmocka_unit_test(test_embedding),
       cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_attention),
+      cmocka_unit_test(test_attention_gemm),
       cmocka_unit_test(test_attention_merge),
       cmocka_unit_test(test_adamw_and_norms),
       cmocka_unit_test(test_bf16_gemm),
