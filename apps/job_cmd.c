@@ -26,6 +26,19 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
                    job->cfg->mesh.ndim, job->cfg->mesh.nshape);
     goto cleanup;
   }
+  for (int i = 0; i < job->cfg->nstrategy; i++) {
+    bool loaded = false;
+    for (int j = 0; j < job->cfg->plugins.nload; j++)
+      loaded |= !strcmp(job->cfg->plugins.load[j], job->cfg->strategy[i].name);
+    if (!loaded) {
+      st = tsr_error(TSR_EINVAL,
+                     "[strategy.%s] is set but plugin '%s' is not in [plugins] load; add it (e.g. "
+                     "--set plugins.load=...,%s) or drop the section",
+                     job->cfg->strategy[i].name, job->cfg->strategy[i].name,
+                     job->cfg->strategy[i].name);
+      goto cleanup;
+    }
+  }
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;

@@ -408,7 +408,45 @@ tsr_status tsr_config_check_world(const tsr_config *cfg, int world) {
                           (long long)cfg->mesh.world, world, (long long)cfg->mesh.world);
 }
 
+/* --set strategy.NAME.key=value: the entry is added to (or replaces one in) [strategy.NAME],
+ * made if the file has none; the plugin checks its keys when it loads, as for the file's. */
+static tsr_status set_strategy_key(tsr_config *cfg, const char *assignment) {
+  const char *name = assignment + 9, *dot = strchr(name, '.'), *eq = strchr(assignment, '=');
+  if (!dot || !eq || dot > eq || dot == name || eq == dot + 1)
+    return tsr_error(
+        TSR_EINVAL, "--set '%s': expected strategy.NAME.key=value, e.g. strategy.pp.schedule=gpipe",
+        assignment);
+  if (dot - name >= TSR_MAX_NAME || eq - dot - 1 >= TSR_MAX_NAME || strlen(eq + 1) >= TSR_MAX_VALUE)
+    return tsr_error(TSR_EINVAL, "--set '%s': plugin name, key or value too long", assignment);
+  char plugin[TSR_MAX_NAME], key[TSR_MAX_NAME];
+  snprintf(plugin, sizeof plugin, "%.*s", (int)(dot - name), name);
+  snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+  tsr_config_section *sec = find_strategy(cfg, plugin);
+  if (!sec) {
+    if (cfg->nstrategy >= TSR_MAX_PLUGINS)
+      return tsr_error(TSR_EINVAL, "--set '%s': more than %d [strategy.*] sections", assignment,
+                       TSR_MAX_PLUGINS);
+    sec = &cfg->strategy[cfg->nstrategy++];
+    memset(sec, 0, sizeof *sec);
+    snprintf(sec->name, sizeof sec->name, "%s", plugin);
+  }
+  tsr_config_entry *e = NULL;
+  for (int i = 0; i < sec->n && !e; i++)
+    if (!strcmp(sec->entries[i].key, key)) e = &sec->entries[i];
+  if (!e) {
+    if (sec->n >= TSR_MAX_ENTRIES)
+      return tsr_error(TSR_EINVAL, "--set '%s': more than %d keys in [strategy.%s]", assignment,
+                       TSR_MAX_ENTRIES, plugin);
+    e = &sec->entries[sec->n++];
+    snprintf(e->key, sizeof e->key, "%s", key);
+    e->line = 0; /* from the command line: messages name the section, not a line */
+  }
+  snprintf(e->value, sizeof e->value, "%s", eq + 1);
+  return TSR_OK;
+}
+
 tsr_status tsr_config_set(tsr_config *cfg, const char *assignment) {
+  if (!strncmp(assignment, "strategy.", 9)) return set_strategy_key(cfg, assignment);
   const char *dot = strchr(assignment, '.');
   const char *eq = strchr(assignment, '=');
   if (!dot || !eq || dot > eq)

@@ -159,7 +159,10 @@ void tsr_config_free(tsr_config *cfg);
 /* Sets one core key from "section.key=value" (e.g. "output.dump=/tmp/d.safetensors"), checked
  * as the parser checks it: unknown keys get a did-you-mean, bad values say what is expected. For
  * command-line overrides, applied after tsr_config_load; the job file's cross-checks are not run
- * again, so it is meant for keys that stand on their own (paths, steps, seeds, rates). */
+ * again, so it is meant for keys that stand on their own (paths, steps, seeds, rates; [mesh]
+ * dims and shape keep the world size in step, 0 while their counts differ).
+ * "strategy.NAME.key=value" adds or replaces a key of [strategy.NAME] (made if absent); the
+ * plugin checks it when it loads, as it checks the file's keys. */
 tsr_status tsr_config_set(tsr_config *cfg, const char *assignment);
 
 /* TSR_EINVAL when the mesh product differs from the world size a backend provides. */

@@ -12,3 +12,20 @@ add_test(NAME e2e_set_mesh_mismatch
   ${TESSERA_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini)
 set_tests_properties(e2e_set_mesh_mismatch PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "dims names 2 dims but shape gives 5 sizes.*exit=2")
+
+# --set reaches a plugin's keys: a schedule the pp plugin does not know is refused by the plugin.
+add_test(NAME e2e_set_strategy_key
+  COMMAND sh -c "\"$0\" run \"$1\" --no-peak --set strategy.pp.schedule=fifo 2>&1; echo exit=$?"
+  ${TESSERA_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini)
+set_tests_properties(e2e_set_strategy_key PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "schedule.*fifo.*exit=2")
+add_test(NAME e2e_set_strategy_key_applies
+  COMMAND ${TESSERA_BIN} run ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini --no-peak
+          --set mesh.shape=2,1,1,1,1 --set strategy.pp.schedule=gpipe --set strategy.pp.microbatches=4)
+set_tests_properties(e2e_set_strategy_key_applies PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "pipeline: schedule gpipe, 4 microbatches")
+add_test(NAME e2e_set_strategy_unloaded
+  COMMAND sh -c "\"$0\" run \"$1\" --no-peak --set strategy.tpp.x=1 2>&1; echo exit=$?"
+  ${TESSERA_BIN} ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini)
+set_tests_properties(e2e_set_strategy_unloaded PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "\\[strategy\\.tpp\\] is set but plugin 'tpp' is not in \\[plugins\\] load.*exit=2")
