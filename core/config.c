@@ -439,8 +439,8 @@ static tsr_status set_strategy_key(tsr_config *cfg, const char *assignment) {
                        TSR_MAX_ENTRIES, plugin);
     e = &sec->entries[sec->n++];
     snprintf(e->key, sizeof e->key, "%s", key);
-    e->line = 0; /* from the command line: messages name the section, not a line */
   }
+  e->line = 0; /* from the command line: a message must not point at the file's old line */
   snprintf(e->value, sizeof e->value, "%s", eq + 1);
   return TSR_OK;
 }
