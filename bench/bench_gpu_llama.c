@@ -99,8 +99,11 @@ static void prof_end(dev *d, int what) {
 static void *dnew(dev *d, size_t bytes) {
   void *p = NULL;
   if (on_gpu(d)) {
+    /* Zeroed on the compute stream, so every later use is ordered after it. */
     p = tsr_allocator_alloc(tsr_cuda_ctx_allocator(d->ctx), bytes);
-    if (p && cudaMemset(p, 0, bytes) != cudaSuccess) p = NULL;
+    if (p && cudaMemsetAsync(p, 0, bytes, (cudaStream_t)tsr_cuda_ctx_compute_stream(d->ctx)) !=
+                 cudaSuccess)
+      p = NULL;
   } else {
     p = calloc(1, bytes ? bytes : 1);
   }

@@ -93,7 +93,9 @@ struct dims {
 
 tsr_status check(const char *what, tsr_cuda_ctx *ctx, int B, int Hq, int Hkv, int Lq, int Lk, int D,
                  dims *d) {
-  if (!ctx) return TSR_ERROR(TSR_EINVAL, "%s: no CUDA context", what);
+  /* The bf16 casts run on the current context's stream: it must be this one. */
+  if (!ctx || ctx != tsr_cuda_ctx_current())
+    return TSR_ERROR(TSR_EINVAL, "%s: the context must be this thread's current one", what);
   if (B < 0 || Lq < 0 || Lk <= 0 || D <= 0)
     return TSR_ERROR(TSR_EINVAL, "%s: bad size (B=%d, Lq=%d, Lk=%d, D=%d; Lk must be > 0)", what, B,
                      Lq, Lk, D);

@@ -122,6 +122,7 @@ double tsr_cuda_gemm_peak_tflops(tsr_cuda_ctx *ctx, bool bf16, int n, double sec
   best = 0.0;
   double start = now_seconds();
   bool first = true;
+  int batches = 0;
   do {
     if (cudaEventRecord(e0, ctx->compute) != cudaSuccess) goto fail;
     for (int r = 0; r < reps; r++) {
@@ -137,7 +138,8 @@ double tsr_cuda_gemm_peak_tflops(tsr_cuda_ctx *ctx, bool bf16, int n, double sec
     /* The first batch pays for cuBLAS's heuristics and clock ramp-up. */
     if (!first && ms > 0.0f && flops / (ms * 1e-3) > best) best = flops / (ms * 1e-3);
     first = false;
-  } while (now_seconds() - start < seconds || best == 0.0);
+    batches++;
+  } while ((now_seconds() - start < seconds || best == 0.0) && batches < 10000);
   best *= 1e-12;
   goto cleanup;
 fail:

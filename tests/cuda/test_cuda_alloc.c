@@ -78,6 +78,41 @@ static void test_streams_ordered_by_events(void **state) {
   free(back);
 }
 
+/* Ops that take scratch from the allocator (attention through GEMMs, both precisions) call
+ * cudaMalloc only the first time a shape is seen. */
+static void test_ops_steady_state(void **state) {
+  (void)state;
+  const int B = 2, Hq = 4, Hkv = 2, L = 64, D = 32;
+  const int64_t nq = (int64_t)B * Hq * L * D, nk = (int64_t)B * Hkv * L * D,
+                nl = (int64_t)B * Hq * L;
+  float *host = test_alloc(nq);
+  for (int64_t i = 0; i < nq; i++) host[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+  float *q = dev_f(host, nq), *k = dev_f(host, nk), *v = dev_f(host, nk), *g = dev_f(host, nq);
+  float *out = dev_alloc((size_t)nq * 4), *lse = dev_alloc((size_t)nl * 4);
+  float *dq = dev_f(host, nq), *dk = dev_f(host, nk), *dv = dev_f(host, nk);
+  uint64_t mallocs = 0;
+  for (int round = 0; round < 3; round++) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+      assert_int_equal(tsr_cuda_attention_gemm_forward(g_ctx, out, lse, q, k, v, B, Hq, Hkv, L, L,
+                                                       D, true, bf16),
+                       TSR_OK);
+      assert_int_equal(tsr_cuda_attention_gemm_backward(g_ctx, dq, dk, dv, g, q, k, v, out, lse, B,
+                                                        Hq, Hkv, L, L, D, true, bf16),
+                       TSR_OK);
+    }
+    assert_int_equal(tsr_cuda_ctx_sync(g_ctx), TSR_OK);
+    tsr_cuda_alloc_stats st = tsr_cuda_ctx_alloc_stats(g_ctx);
+    if (round == 0)
+      mallocs = st.device_mallocs;
+    else
+      assert_int_equal(st.device_mallocs, mallocs);
+  }
+  dev_free(q, nq * 4), dev_free(k, nk * 4), dev_free(v, nk * 4), dev_free(g, nq * 4);
+  dev_free(out, nq * 4), dev_free(lse, nl * 4);
+  dev_free(dq, nq * 4), dev_free(dk, nk * 4), dev_free(dv, nk * 4);
+  free(host);
+}
+
 static void test_errors_name_the_device(void **state) {
   (void)state;
   tsr_cuda_ctx *other = NULL;
@@ -90,9 +125,8 @@ int main(void) {
   int rc = cuda_test_setup("test_cuda_alloc");
   if (rc) return rc;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_steady_state_reuses),
-      cmocka_unit_test(test_size_classes),
-      cmocka_unit_test(test_streams_ordered_by_events),
+      cmocka_unit_test(test_steady_state_reuses),       cmocka_unit_test(test_size_classes),
+      cmocka_unit_test(test_streams_ordered_by_events), cmocka_unit_test(test_ops_steady_state),
       cmocka_unit_test(test_errors_name_the_device),
   };
   rc = cmocka_run_group_tests(tests, NULL, NULL);
