@@ -6,7 +6,9 @@
  * child dies without a verdict. The parent never calls into the plugin.
  */
 #define _GNU_SOURCE /* strsignal, realpath, usleep */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <limits.h>
 #include <poll.h>
@@ -70,6 +72,7 @@ typedef struct cf_outcome {
 } cf_outcome;
 
 static cf_test g_tests[CF_MAX_TESTS];
+char cf_tmpdir[TSR_MAX_PATH];
 static int g_ntests;
 
 static int g_dropped; /* tests beyond CF_MAX_TESTS, reported in the header */
@@ -122,6 +125,20 @@ static void last_line(const char *path, char *out, size_t len) {
   fclose(f);
 }
 
+/* Removes a test's directory and the plain files in it. */
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char f[TSR_MAX_PATH];
+    if (e->d_name[0] == '.') continue;
+    if (snprintf(f, sizeof f, "%s/%s", dir, e->d_name) < (int)sizeof f) unlink(f);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
 static void copy_file(const char *path, FILE *to) {
   FILE *f = fopen(path, "r");
   if (!f) return;
@@ -136,15 +153,21 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
                          cf_outcome *o) {
   memset(o, 0, sizeof *o);
   double t0 = now_s();
-  char logpath[] = "/tmp/tessera-conform-XXXXXX";
-  int logfd = mkstemp(logpath);
-  int fds[2];
+  /* one directory per test for its output and files, removed whatever the child did */
+  char dir[] = "/tmp/tessera-conform-XXXXXX", logpath[sizeof dir + 16];
+  int logfd = -1, fds[2] = {-1, -1};
+  if (mkdtemp(dir)) {
+    snprintf(logpath, sizeof logpath, "%s/output", dir);
+    logfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  }
   if (logfd < 0 || pipe(fds) != 0) {
     o->result = CF_FAIL;
     snprintf(o->msg, sizeof o->msg, "cannot start the test: %s", strerror(errno));
-    if (logfd >= 0) close(logfd), unlink(logpath);
+    if (logfd >= 0) close(logfd);
+    remove_dir(dir);
     return;
   }
+  snprintf(cf_tmpdir, sizeof cf_tmpdir, "%s", dir);
   fflush(stdout);
   fflush(stderr);
   pid_t pid = fork();
@@ -163,7 +186,8 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
   if (pid < 0) {
     o->result = CF_FAIL;
     snprintf(o->msg, sizeof o->msg, "cannot fork: %s", strerror(errno));
-    close(fds[0]), close(logfd), unlink(logpath);
+    close(fds[0]), close(logfd);
+    remove_dir(dir);
     return;
   }
   char buf[CF_MSG + 1];
@@ -209,7 +233,7 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
     fprintf(stderr, "---- output of %s ----\n", t->name);
     copy_file(logpath, stderr);
   }
-  unlink(logpath);
+  remove_dir(dir);
   buf[got] = '\0';
   if (timed_out) {
     o->result = CF_FAIL;

@@ -98,6 +98,10 @@ struct cf_test {
   char arg[128];
 };
 
+/* The running test's own directory (set in the child): files a test writes go there, and the
+ * driver removes it when the test ends, however it ended. */
+extern char cf_tmpdir[TSR_MAX_PATH];
+
 /* Adds a test; false when the list is full. */
 bool cf_add_test(const char *name, int level, cf_test_fn fn, int item, int n, const char *arg);
 
