@@ -41,15 +41,19 @@ __global__ void rmsnorm_backward_dx_kernel(float *dx, const float *dout, const f
         __fadd_rn(dxi[j], __fmul_rn(r, __fsub_rn(__fmul_rn(w[j], gi[j]), __fmul_rn(xi[j], coef))));
 }
 
-// One thread per column, walking the rows, so dw needs no atomics.
+// One thread per column over a slice of the rows; the slices' sums are added with atomics, so
+// that a (tokens × hidden) gradient uses the whole device rather than `hidden` threads.
+#define RMS_DW_ROWS 64
 __global__ void rmsnorm_backward_dw_kernel(float *dw, const float *dout, const float *x,
                                            const float *rstd, int N, int C) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= C) return;
-  float acc = dw[j];
-  for (int64_t i = 0; i < N; i++)
+  int64_t r0 = (int64_t)blockIdx.y * RMS_DW_ROWS;
+  int64_t r1 = r0 + RMS_DW_ROWS < N ? r0 + RMS_DW_ROWS : N;
+  float acc = 0.0f;
+  for (int64_t i = r0; i < r1; i++)
     acc = __fadd_rn(acc, __fmul_rn(__fmul_rn(dout[i * C + j], x[i * C + j]), rstd[i]));
-  dw[j] = acc;
+  atomicAdd(&dw[j], acc);
 }
 
 extern "C" void tsr_cuda_k_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w,
@@ -67,7 +71,8 @@ extern "C" void tsr_cuda_k_rmsnorm_backward(float *dx, float *dw, const float *d
   rmsnorm_backward_dx_kernel<<<N, TSR_CUDA_ROW_THREADS, 0, ctx->compute>>>(dx, dout, x, w, rstd, C);
   TSR_CUDA_KEEP_LAUNCH(ctx);
   if (dw) {
-    rmsnorm_backward_dw_kernel<<<(C + 255) / 256, 256, 0, ctx->compute>>>(dw, dout, x, rstd, N, C);
+    dim3 grid((unsigned)((C + 255) / 256), (unsigned)((N + RMS_DW_ROWS - 1) / RMS_DW_ROWS));
+    rmsnorm_backward_dw_kernel<<<grid, 256, 0, ctx->compute>>>(dw, dout, x, rstd, N, C);
     TSR_CUDA_KEEP_LAUNCH(ctx);
   }
 }
