@@ -154,7 +154,9 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
   memset(o, 0, sizeof *o);
   double t0 = now_s();
   /* one directory per test for its output and files, removed whatever the child did */
-  char dir[] = "/tmp/tessera-conform-XXXXXX", logpath[sizeof dir + 16];
+  const char *tmp = getenv("TMPDIR");
+  char dir[TSR_MAX_PATH], logpath[TSR_MAX_PATH + 16];
+  snprintf(dir, sizeof dir, "%s/tessera-conform-XXXXXX", tmp && tmp[0] == '/' ? tmp : "/tmp");
   int logfd = -1, fds[2] = {-1, -1};
   if (mkdtemp(dir)) {
     snprintf(logpath, sizeof logpath, "%s/output", dir);
