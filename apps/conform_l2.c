@@ -442,25 +442,30 @@ static cf_result over_variants(const cf_plugin *p, const cf_test *t, int n, l2_b
     cf_result r = body(p, t, found, job.reg, m, sizeof m);
     cf_job_free(job.cfg, job.reg, job.set);
     jobs++;
-    /* a FAILED variant ends the test below; a PASS outranks a NOTSUP */
-    if (r != CF_NOTSUP && best == CF_NOTSUP) keep[0] = '\0';
-    if (r != CF_NOTSUP) best = r;
-    if (!keep[0] && (r == best)) snprintf(keep, sizeof keep, "%s", m);
     if (r == CF_FAIL) {
-      char extra[512];
+      /* name the job variant: its [strategy.NAME] lines, or the model it used */
+      char extra[512], keys[512] = "";
       int model;
       cf_variant(p, v - 1, &model, extra, sizeof extra);
-      extra[strcspn(extra, "\n")] = extra[0] ? ' ' : '\0';
-      extra[strcspn(extra, "\n")] = '\0';
-      return cf_say(msg, len, CF_FAIL, "%s%s%s", keep, extra[0] ? "; job with " : "",
-                    extra[0] ? extra : "");
+      size_t o = 0;
+      for (char *sv = NULL, *line = strtok_r(extra, "\n", &sv); line && o < sizeof keys;
+           line = strtok_r(NULL, "\n", &sv))
+        if (line[0] != '[')
+          o += (size_t)snprintf(keys + o, sizeof keys - o, "%s%s", o ? ", " : "", line);
+      return cf_say(msg, len, CF_FAIL, "%s (job variant: %s%s%s)", m,
+                    model ? "1 kv head" : "kv heads split", keys[0] ? ", " : "", keys);
     }
+    /* a PASS outranks a NOTSUP; the first message of the best verdict is kept */
+    if (r == CF_PASS && best == CF_NOTSUP) keep[0] = '\0';
+    if (r == CF_PASS) best = r;
+    if (!keep[0] && r == best) snprintf(keep, sizeof keep, "%s", m);
   }
   if (!jobs)
     return cf_say(msg, len, CF_NOTSUP, "not registered on a job with %s = %d",
                   it->kind == CF_ITEM_SCHED ? "pp" : it->dim, n);
-  return cf_say(msg, len, best, "%s%s", keep,
-                jobs > 1 ? " (every job variant that registers it)" : "");
+  char tail[64] = "";
+  if (jobs > 1) snprintf(tail, sizeof tail, " (each of %d job variants)", jobs);
+  return cf_say(msg, len, best, "%s%s", keep, tail);
 }
 
 static cf_result op_body(const cf_plugin *p, const cf_test *t, const void *found,
