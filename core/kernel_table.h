@@ -86,6 +86,16 @@ typedef struct tsr_kernel_table {
                                    const float *q, const float *k, const float *v, const float *out,
                                    const float *lse, const int32_t *q_pos, const int32_t *k_pos,
                                    int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
+  /* The same on the projection layout: q, out, dq, dout (B, Lq, Hq, D); k, v, dk, dv
+   * (B, Lk, Hkv, D); lse (B, Hq, Lq). */
+  tsr_status (*attention_forward_blhd)(float *out, float *lse, const float *q, const float *k,
+                                       const float *v, const int32_t *q_pos, const int32_t *k_pos,
+                                       int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
+  tsr_status (*attention_backward_blhd)(float *dq, float *dk, float *dv, const float *dout,
+                                        const float *q, const float *k, const float *v,
+                                        const float *out, const float *lse, const int32_t *q_pos,
+                                        const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
+                                        int Lk, int D, bool causal);
   void (*attention_merge)(float *out, float *lse, const float *out_a, const float *lse_a,
                           const float *out_b, const float *lse_b, int R, int D);
 

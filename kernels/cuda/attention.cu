@@ -227,3 +227,83 @@ extern "C" void tsr_cuda_k_attention_merge(float *out, float *lse, const float *
                                                               D);
   TSR_CUDA_KEEP_LAUNCH(ctx);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The projection layout (B, L, H, D): staged through (B, H, L, D) blocks of the caching
+// allocator around the kernels above. The gradients accumulate, so they are staged in and out.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct staged {
+  tsr_cuda_ctx *ctx;
+  float *buf[8];
+  size_t bytes[8];
+  int n;
+  float *take(int64_t count) {
+    size_t b = (size_t)count * sizeof(float);
+    float *p = (float *)tsr_allocator_alloc(tsr_cuda_ctx_allocator(ctx), b ? b : 4);
+    if (p) buf[n] = p, bytes[n++] = b ? b : 4;
+    return p;
+  }
+  /* Blocks are handed back after the kernels that use them are queued: reuse is stream-ordered. */
+  ~staged() {
+    for (int i = 0; i < n; i++) tsr_allocator_free(tsr_cuda_ctx_allocator(ctx), buf[i], bytes[i]);
+  }
+};
+
+} // namespace
+
+extern "C" tsr_status tsr_cuda_k_attention_forward_blhd(float *out, float *lse, const float *q,
+                                                        const float *k, const float *v,
+                                                        const int32_t *q_pos, const int32_t *k_pos,
+                                                        int B, int Hq, int Hkv, int Lq, int Lk,
+                                                        int D, bool causal) {
+  TSR_CHECK(check_shapes("attention forward", B, Hq, Hkv, Lq, Lk, D));
+  tsr_cuda_ctx *ctx = tsr_cuda_ctx_current();
+  if (!ctx) return TSR_ERROR(TSR_EINVAL, "attention forward: no current CUDA context");
+  int64_t nq = (int64_t)B * Hq * Lq * D, nk = (int64_t)B * Hkv * Lk * D;
+  staged s{ctx, {}, {}, 0};
+  float *qh = s.take(nq), *kh = s.take(nk), *vh = s.take(nk), *oh = s.take(nq);
+  if (!qh || !kh || !vh || !oh)
+    return TSR_ERROR(TSR_ENOMEM, "attention forward: cannot stage %lld values",
+                     (long long)(2 * nq + 2 * nk));
+  tsr_cuda_k_blhd_to_bhld(qh, q, B, Lq, Hq, D);
+  tsr_cuda_k_blhd_to_bhld(kh, k, B, Lk, Hkv, D);
+  tsr_cuda_k_blhd_to_bhld(vh, v, B, Lk, Hkv, D);
+  TSR_CHECK(tsr_cuda_k_attention_forward(oh, lse, qh, kh, vh, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D,
+                                         causal));
+  tsr_cuda_k_bhld_to_blhd(out, oh, B, Lq, Hq, D);
+  return TSR_CU(cudaGetLastError());
+}
+
+extern "C" tsr_status
+tsr_cuda_k_attention_backward_blhd(float *dq, float *dk, float *dv, const float *dout,
+                                   const float *q, const float *k, const float *v, const float *out,
+                                   const float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                                   int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal) {
+  TSR_CHECK(check_shapes("attention backward", B, Hq, Hkv, Lq, Lk, D));
+  tsr_cuda_ctx *ctx = tsr_cuda_ctx_current();
+  if (!ctx) return TSR_ERROR(TSR_EINVAL, "attention backward: no current CUDA context");
+  int64_t nq = (int64_t)B * Hq * Lq * D, nk = (int64_t)B * Hkv * Lk * D;
+  staged s{ctx, {}, {}, 0};
+  float *qh = s.take(nq), *kh = s.take(nk), *vh = s.take(nk), *gh = s.take(nq);
+  float *oh = s.take(nq), *dqh = s.take(nq), *dkh = s.take(nk), *dvh = s.take(nk);
+  if (!qh || !kh || !vh || !gh || !oh || !dqh || !dkh || !dvh)
+    return TSR_ERROR(TSR_ENOMEM, "attention backward: cannot stage %lld values",
+                     (long long)(4 * nq + 4 * nk));
+  tsr_cuda_k_blhd_to_bhld(qh, q, B, Lq, Hq, D);
+  tsr_cuda_k_blhd_to_bhld(kh, k, B, Lk, Hkv, D);
+  tsr_cuda_k_blhd_to_bhld(vh, v, B, Lk, Hkv, D);
+  tsr_cuda_k_blhd_to_bhld(gh, dout, B, Lq, Hq, D);
+  tsr_cuda_k_blhd_to_bhld(oh, out, B, Lq, Hq, D);
+  tsr_cuda_k_blhd_to_bhld(dqh, dq, B, Lq, Hq, D);
+  tsr_cuda_k_blhd_to_bhld(dkh, dk, B, Lk, Hkv, D);
+  tsr_cuda_k_blhd_to_bhld(dvh, dv, B, Lk, Hkv, D);
+  TSR_CHECK(tsr_cuda_k_attention_backward(dqh, dkh, dvh, gh, qh, kh, vh, oh, lse, q_pos, k_pos, B,
+                                          Hq, Hkv, Lq, Lk, D, causal));
+  tsr_cuda_k_bhld_to_blhd(dq, dqh, B, Lq, Hq, D);
+  tsr_cuda_k_bhld_to_blhd(dk, dkh, B, Lk, Hkv, D);
+  tsr_cuda_k_bhld_to_blhd(dv, dvh, B, Lk, Hkv, D);
+  return TSR_CU(cudaGetLastError());
+}

@@ -63,6 +63,15 @@ tsr_status tsr_cuda_k_attention_backward(float *dq, float *dk, float *dv, const 
                                          const float *out, const float *lse, const int32_t *q_pos,
                                          const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
                                          int Lk, int D, bool causal);
+tsr_status tsr_cuda_k_attention_forward_blhd(float *out, float *lse, const float *q, const float *k,
+                                             const float *v, const int32_t *q_pos,
+                                             const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
+                                             int Lk, int D, bool causal);
+tsr_status tsr_cuda_k_attention_backward_blhd(float *dq, float *dk, float *dv, const float *dout,
+                                              const float *q, const float *k, const float *v,
+                                              const float *out, const float *lse,
+                                              const int32_t *q_pos, const int32_t *k_pos, int B,
+                                              int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
 void tsr_cuda_k_attention_merge(float *out, float *lse, const float *out_a, const float *lse_a,
                                 const float *out_b, const float *lse_b, int R, int D);
 void tsr_cuda_k_adamw(float *param, const float *grad, float *m, float *v, int64_t n, int step,

@@ -36,6 +36,8 @@ static void test_cpu_table_is_the_kernels(void **state) {
   assert_true(t->cross_entropy_shard_backward == tsr_kernel_cross_entropy_shard_backward);
   assert_true(t->attention_forward == tsr_kernel_attention_forward);
   assert_true(t->attention_backward == tsr_kernel_attention_backward);
+  assert_true(t->attention_forward_blhd == tsr_kernel_attention_forward_blhd);
+  assert_true(t->attention_backward_blhd == tsr_kernel_attention_backward_blhd);
   assert_true(t->attention_merge == tsr_kernel_attention_merge);
   assert_true(t->adamw == tsr_kernel_adamw);
   assert_true(t->sum_squares == tsr_kernel_sum_squares);

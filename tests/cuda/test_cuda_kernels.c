@@ -388,6 +388,54 @@ static void test_attention(void **state) {
       TSR_EINVAL);
 }
 
+/* The projection-layout kernels: q (B, Lq, Hq, D), k/v (B, Lk, Hkv, D), with positions. */
+static void test_attention_blhd(void **state) {
+  (void)state;
+  const int B = 2, Hq = 4, Hkv = 2, Lq = 37, Lk = 140, D = 32;
+  const int64_t nq = (int64_t)B * Hq * Lq * D, nk = (int64_t)B * Hkv * Lk * D;
+  const int64_t nl = (int64_t)B * Hq * Lq;
+  uint64_t s = 21;
+  float *q = test_alloc(nq), *k = test_alloc(nk), *v = test_alloc(nk), *out = test_alloc(nq);
+  float *lse = test_alloc(nl), *g = test_alloc(nq), *dq = test_alloc(nq), *dk = test_alloc(nk);
+  float *dv = test_alloc(nk);
+  int32_t qp[37], kp[140];
+  for (int i = 0; i < Lq; i++) qp[i] = 3 * i + 2;
+  for (int j = 0; j < Lk; j++) kp[j] = j;
+  test_fill(q, nq, &s, -1, 1);
+  test_fill(k, nk, &s, -1, 1);
+  test_fill(v, nk, &s, -1, 1);
+  test_fill(g, nq, &s, -1, 1);
+  test_fill(dq, nq, &s, -1, 1);
+  test_fill(dk, nk, &s, -1, 1);
+  test_fill(dv, nk, &s, -1, 1);
+  float *d_q = dev_f(q, nq), *d_k = dev_f(k, nk), *d_v = dev_f(v, nk), *d_out = dev_f(out, nq);
+  float *d_lse = dev_f(lse, nl), *d_g = dev_f(g, nq), *d_dq = dev_f(dq, nq);
+  float *d_dk = dev_f(dk, nk), *d_dv = dev_f(dv, nk);
+  int32_t *d_qp = dev_i(qp, Lq), *d_kp = dev_i(kp, Lk);
+  assert_int_equal(
+      cpu->attention_forward_blhd(out, lse, q, k, v, qp, kp, B, Hq, Hkv, Lq, Lk, D, true), TSR_OK);
+  assert_int_equal(gpu->attention_forward_blhd(d_out, d_lse, d_q, d_k, d_v, d_qp, d_kp, B, Hq, Hkv,
+                                               Lq, Lk, D, true),
+                   TSR_OK);
+  check_dev("attention blhd out", d_out, out, nq, 1e-4, 1e-5);
+  check_dev("attention blhd lse", d_lse, lse, nl, 1e-5, 1e-5);
+  assert_int_equal(cpu->attention_backward_blhd(dq, dk, dv, g, q, k, v, out, lse, qp, kp, B, Hq,
+                                                Hkv, Lq, Lk, D, true),
+                   TSR_OK);
+  assert_int_equal(tsr_cuda_copy_to_device(g_ctx, d_out, out, (size_t)nq * 4), TSR_OK);
+  assert_int_equal(tsr_cuda_copy_to_device(g_ctx, d_lse, lse, (size_t)nl * 4), TSR_OK);
+  assert_int_equal(gpu->attention_backward_blhd(d_dq, d_dk, d_dv, d_g, d_q, d_k, d_v, d_out, d_lse,
+                                                d_qp, d_kp, B, Hq, Hkv, Lq, Lk, D, true),
+                   TSR_OK);
+  check_dev("attention blhd dq", d_dq, dq, nq, 1e-4, 1e-5);
+  check_dev("attention blhd dk", d_dk, dk, nk, 1e-4, 1e-5);
+  check_dev("attention blhd dv", d_dv, dv, nk, 1e-4, 1e-5);
+  dev_free(d_q, nq * 4), dev_free(d_k, nk * 4), dev_free(d_v, nk * 4), dev_free(d_out, nq * 4);
+  dev_free(d_lse, nl * 4), dev_free(d_g, nq * 4), dev_free(d_dq, nq * 4);
+  dev_free(d_dk, nk * 4), dev_free(d_dv, nk * 4), dev_free(d_qp, Lq * 4), dev_free(d_kp, Lk * 4);
+  free(q), free(k), free(v), free(out), free(lse), free(g), free(dq), free(dk), free(dv);
+}
+
 /* The batched-GEMM attention against the CPU kernel (default positions only). f32 with IEEE
  * GEMMs: the same tolerance as the kernel above. bf16: q, k, v, dout, the probabilities and the
  * score gradients are rounded to 8 mantissa bits (2^-9 relative each), so results move by a few
@@ -581,6 +629,7 @@ int main(void) {
       cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_attention_gemm),
+      cmocka_unit_test(test_attention_blhd),
       cmocka_unit_test(test_attention_merge),
       cmocka_unit_test(test_adamw_and_norms),
       cmocka_unit_test(test_bf16_gemm),
