@@ -297,8 +297,7 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   tsr_kernel_set_threads(ctx->threads); /* the hand kernels' count is per thread */
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
-  tsr_llama_config mc = tsr_train_model_config(c);
-  TSR_CHECK_GOTO(tsr_llama_new(t.r, job->mesh, &mc, (uint64_t)c->job.seed, &t.model), st);
+  TSR_CHECK_GOTO(tsr_train_model_new(job, t.r, &t.model), st);
   TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
   t.nparams = tsr_llama_param_count(t.model);
   t.params = calloc((size_t)t.nparams + 1, sizeof *t.params);
@@ -330,7 +329,7 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   free(ranks);
   if (st != TSR_OK) goto cleanup;
   if (tsr_rank_id(t.r) == 0) {
-    ctx->log.nparams = tsr_llama_num_params(&mc);
+    ctx->log.nparams = tsr_llama_num_params(tsr_llama_get_config(t.model));
     tsr_train_log_resume(&ctx->log, c, resumed ? t.start_step : -1);
   }
   int64_t end = ctx->opts->stop_at > 0 ? ctx->opts->stop_at : c->job.steps;

@@ -64,6 +64,10 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed);
  * written by rank 0. Collective. */
 tsr_status tsr_train_save_checkpoint(tsr_train_rank *t);
 
+/* Builds this rank's model as the job lays it out: [model], [job] seed and, when the mesh has
+ * pp > 1, the pipeline owner's stages_per_rank and layers_per_stage. */
+tsr_status tsr_train_model_new(const tsr_app_job *job, tsr_rank_t *r, tsr_llama_t **out);
+
 /* Pipeline support (train_pipe.c). Sets t->pipe and t->microbatches when the mesh has pp > 1:
  * the schedule named by [strategy.OWNER] schedule, OWNER being the plugin that owns pp. */
 tsr_status tsr_train_pipe_setup(tsr_train_rank *t);

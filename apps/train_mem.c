@@ -69,7 +69,7 @@ static char *params_table(tsr_llama_t *model) {
                             tsr_mesh_dim_name(d->mesh, k),
                             tsr_placement_str(d->placements[k], b, sizeof b));
     }
-    fprintf(f, "  %-48s %-12s -> %-12s %s\n", name, g, l, p);
+    fprintf(f, "  %-48s %-12s -> %-12s %s\n", name, g, l, p[0] ? p : "(a stage of one rank)");
   }
   if (more_layers == 1)
     fprintf(f, "  (layer %d on this rank is placed as layer %d)\n", last_layer, first_layer);
@@ -85,13 +85,11 @@ static tsr_status plan_rank(tsr_comm_t *comm, void *arg) {
   plan_ctx *p = arg;
   tsr_rank_t *r = NULL;
   tsr_llama_t *model = NULL;
-  tsr_llama_config mc = tsr_train_model_config(p->job->cfg);
   /* Building a model is local work (each rank initialises and keeps its own shards), so ranks
    * may take turns without a collective waiting on a rank that holds the lock. */
   pthread_mutex_lock(&p->lock);
   tsr_status st = tsr_rank_new(comm, p->job->reg, &r);
-  if (st == TSR_OK)
-    st = tsr_llama_new(r, p->job->mesh, &mc, (uint64_t)p->job->cfg->job.seed, &model);
+  if (st == TSR_OK) st = tsr_train_model_new(p->job, r, &model);
   if (st == TSR_OK) {
     tsr_train_mem m = {0, 0, 0};
     for (int i = 0; i < tsr_llama_param_count(model); i++)

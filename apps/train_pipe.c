@@ -54,22 +54,19 @@ static void pipe_layout(const tsr_app_job *job, int *spr, int *counts, int cap, 
   }
 }
 
-tsr_status tsr_train_pipe_setup(tsr_train_rank *t) {
-  TSR_CHECK(find_pipe(t->job, &t->pipe, &t->microbatches));
-  if (!t->pipe) return TSR_OK;
+tsr_status tsr_train_model_new(const tsr_app_job *job, tsr_rank_t *r, tsr_llama_t **out) {
   int spr = 1, n = 0, counts[1024];
-  pipe_layout(t->job, &spr, counts, 1024, &n);
-  if (spr <= 1 && n == 0) return TSR_OK;
-  /* The caller built the model with the even one-stage-per-rank layout; lay it out again as the
-   * job asks. The values do not depend on the layout, so nothing else changes. */
-  tsr_llama_config mc = *tsr_llama_get_config(t->model);
+  pipe_layout(job, &spr, counts, 1024, &n);
+  tsr_llama_config mc = tsr_train_model_config(job->cfg);
   tsr_llama_layout layout = {spr, counts, n};
-  tsr_llama_free(t->model);
-  t->model = NULL;
-  tsr_status st = tsr_llama_new_staged(t->r, t->job->mesh, &mc, (uint64_t)t->job->cfg->job.seed,
-                                       &layout, &t->model);
-  if (st != TSR_OK) return tsr_error_prefix(st, "[strategy.pp] stage layout");
-  return TSR_OK;
+  tsr_status st = tsr_llama_new_staged(r, job->mesh, &mc, (uint64_t)job->cfg->job.seed,
+                                       spr <= 1 && n == 0 ? NULL : &layout, out);
+  if (st != TSR_OK && (spr > 1 || n > 0)) return tsr_error_prefix(st, "[strategy.pp] stage layout");
+  return st;
+}
+
+tsr_status tsr_train_pipe_setup(tsr_train_rank *t) {
+  return find_pipe(t->job, &t->pipe, &t->microbatches);
 }
 
 static tsr_status keep_events(tsr_train_rank *t, int64_t step, const tsr_pipe_result *res) {
