@@ -9,7 +9,8 @@ set_tests_properties(e2e_main_job_vs_one_rank PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "main job: mesh == 1 rank")
 
 # job, fraction of the 1-rank state every rank holds ("any": plan == run only)
-foreach(case "dp_fsdp.ini 0.2500" "dp.ini 1.0000" "dp_hsdp.ini any" "tp_sp.ini any" "llama-tiny.ini any")
+foreach(case "dp_fsdp.ini 0.2500" "dp.ini 1.0000" "dp_hsdp.ini any" "tp_sp.ini any" "llama-tiny.ini any"
+             "pp_interleaved.ini any")
   separate_arguments(case)
   list(GET case 0 job)
   list(GET case 1 fraction)
