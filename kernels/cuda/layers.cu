@@ -81,8 +81,15 @@ extern "C" void tsr_cuda_k_rmsnorm_backward(float *dx, float *dw, const float *d
 // RoPE
 // ---------------------------------------------------------------------------------------------
 
+// The inverse frequencies are computed on the host with the C library's powf, exactly as the
+// CPU kernel does, so that every angle is bit-identical: the device's powf may differ by a few
+// ulp, which at positions in the thousands moves an angle by 1e-4 rad. Only cosf/sinf differ.
+struct rope_freqs {
+  float inv[256]; /* (D / 2), D <= 512 */
+};
+
 __global__ void rope_tables_kernel(float *cos_t, float *sin_t, const int32_t *pos, int L, int D,
-                                   float theta) {
+                                   rope_freqs f) {
   int half = D / 2;
   int64_t n = (int64_t)L * half;
   for (int64_t u = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; u < n;
@@ -90,8 +97,7 @@ __global__ void rope_tables_kernel(float *cos_t, float *sin_t, const int32_t *po
     int64_t l = u / half;
     int i = (int)(u % half);
     float p = (float)(pos != NULL ? pos[l] : l);
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
-    float angle = __fmul_rn(p, inv_freq);
+    float angle = __fmul_rn(p, f.inv[i]);
     float c = cosf(angle), s = sinf(angle);
     cos_t[l * D + i] = c;
     cos_t[l * D + i + half] = c;
@@ -131,11 +137,14 @@ extern "C" tsr_status tsr_cuda_k_rope_tables(float *cos_t, float *sin_t, const i
     return TSR_ERROR(TSR_EINVAL, "rope: head_dim %d must be positive and even", D);
   if (L < 0) return TSR_ERROR(TSR_EINVAL, "rope: sequence length %d is negative", L);
   if (!(theta > 0.0f)) return TSR_ERROR(TSR_EINVAL, "rope: rope_theta %g must be > 0", theta);
+  if (D > 512) return TSR_ERROR(TSR_EINVAL, "rope: head_dim %d is above the CUDA limit 512", D);
   tsr_cuda_ctx *ctx = tsr_cuda_ctx_current();
   if (!ctx) return TSR_ERROR(TSR_EINVAL, "rope tables: no current CUDA context on this thread");
   if (L == 0) return TSR_OK;
+  rope_freqs f;
+  for (int i = 0; i < D / 2; i++) f.inv[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D);
   rope_tables_kernel<<<tsr_cuda_ew_blocks((int64_t)L * (D / 2)), TSR_CUDA_EW_THREADS, 0,
-                       ctx->compute>>>(cos_t, sin_t, pos, L, D, theta);
+                       ctx->compute>>>(cos_t, sin_t, pos, L, D, f);
   return TSR_CU(cudaGetLastError());
 }
 
