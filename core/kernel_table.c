@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernel_table.h"
+#include "tessera/plugin.h"
 
 #ifndef TSR_CUDA_BUILT
 #define TSR_CUDA_BUILT 0
@@ -77,7 +78,11 @@ static void open_cuda(void) {
     return;
   }
   const char *env = getenv("TESSERA_CUDA_LIB");
-  const char *paths[] = {env && env[0] == '/' ? env : NULL, TSR_CUDA_INSTALL_LIB,
+  /* beside the loaded libtessera first: an install under any --prefix finds its own */
+  char beside[4096] = "", lib_dir[4096];
+  if (tsr_core_library_dir(lib_dir, sizeof lib_dir))
+    snprintf(beside, sizeof beside, "%s/libtessera-cuda.so", lib_dir);
+  const char *paths[] = {env && env[0] == '/' ? env : NULL, beside, TSR_CUDA_INSTALL_LIB,
                          TSR_CUDA_BUILD_LIB};
   char tried[1536] = "";
   size_t pos = 0;

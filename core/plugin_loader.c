@@ -126,7 +126,7 @@ static int add_dirs(const char *list, const char *base, char (*dirs)[TSR_MAX_PAT
 /* The install's lib/tessera: the folder beside the libtessera this process loaded, when there is
  * one, so that an install made with `cmake --install --prefix P` (or moved) finds its own plugins
  * rather than those of the prefix the build was configured with. */
-static bool installed_plugin_dir(char *out, size_t len) {
+bool tsr_core_library_dir(char *out, size_t len) {
   Dl_info info;
   if (!dladdr((void *)&tsr_plugin_search_dirs, &info) || !info.dli_fname) return false;
   const char *slash = strrchr(info.dli_fname, '/');
@@ -134,7 +134,13 @@ static bool installed_plugin_dir(char *out, size_t len) {
   char lib[TSR_MAX_PATH], real[PATH_MAX];
   snprintf(lib, sizeof lib, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
   if (!realpath(lib, real)) return false;
-  if ((size_t)snprintf(out, len, "%s/tessera", real) >= len) return false;
+  return (size_t)snprintf(out, len, "%s", real) < len;
+}
+
+static bool installed_plugin_dir(char *out, size_t len) {
+  char lib[TSR_MAX_PATH];
+  if (!tsr_core_library_dir(lib, sizeof lib)) return false;
+  if ((size_t)snprintf(out, len, "%s/tessera", lib) >= len) return false;
   struct stat st;
   return stat(out, &st) == 0 && S_ISDIR(st.st_mode);
 }

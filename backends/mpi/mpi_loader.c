@@ -7,7 +7,7 @@
  * build tree; never the current directory.
  *
  * The handle is process-wide state on purpose: one process is one rank under this backend. */
-#define _GNU_SOURCE /* dladdr */
+
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "tessera/plugin.h"
 #include "tessera_mpi.h"
 
 typedef tsr_status (*launch_fn)(int world, double timeout_s, tsr_rank_fn fn, void *arg);
@@ -47,12 +48,9 @@ bool tsr_mpi_loader_started(void) {
 /* libtessera-mpi.so in the folder of the libtessera this process loaded, when it is there: the
  * install puts both in <prefix>/lib, so an install made with --prefix (or moved) finds its own. */
 static bool beside_core(char *out, size_t len) {
-  Dl_info info;
-  if (!dladdr((void *)&tsr_error_at, &info) || !info.dli_fname) return false;
-  const char *slash = strrchr(info.dli_fname, '/');
-  if (!slash) return false;
-  int w =
-      snprintf(out, len, "%.*s/libtessera-mpi.so", (int)(slash - info.dli_fname), info.dli_fname);
+  char lib[4096];
+  if (!tsr_core_library_dir(lib, sizeof lib)) return false;
+  int w = snprintf(out, len, "%s/libtessera-mpi.so", lib);
   return w > 0 && (size_t)w < len && access(out, F_OK) == 0;
 }
 

@@ -27,6 +27,7 @@
 #ifndef TESSERA_PLUGIN_H
 #define TESSERA_PLUGIN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -144,6 +145,11 @@ typedef struct tsr_plugin_report {
   tsr_status status;
   char message[2048]; /* the error line; "" when it loaded */
 } tsr_plugin_report;
+
+/* The folder of the libtessera this process loaded (resolved, no trailing '/'); false when it
+ * cannot be told. Backends and kernel libraries installed beside the core are looked for there
+ * first, so an install made with any --prefix (or moved) finds its own. */
+bool tsr_core_library_dir(char *out, size_t len);
 
 /* The directories searched for plugins, in order: TESSERA_PLUGIN_PATH (':'-separated, absolute
  * entries only), then `extra` (the [plugins] path value, ':' or ',' separated, relative entries
