@@ -54,7 +54,9 @@ typedef struct tsr_train_rank {
 /* The model section of the job file as the model's config. */
 tsr_llama_config tsr_train_model_config(const tsr_config *c);
 
-/* `value` resolved against the job file's directory unless absolute, into buf. */
+/* `value` resolved against the job file's directory unless absolute, into buf. A buffer of
+ * TSR_TRAIN_PATH_LEN holds any directory the config keeps and any value, so nothing is cut. */
+#define TSR_TRAIN_PATH_LEN (TSR_MAX_PATH + TSR_MAX_VALUE)
 const char *tsr_train_path(const tsr_config *cfg, const char *value, char *buf, size_t len);
 
 /* Loads [checkpoint] load into the parameters and, when the optimizer file exists beside it,

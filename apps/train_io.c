@@ -52,7 +52,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   const tsr_config *cfg = t->job->cfg;
   *resumed = false;
   if (!cfg->checkpoint.load[0]) return TSR_OK;
-  char path[TSR_MAX_PATH], optim[TSR_MAX_PATH];
+  char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16];
   tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
   tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;
   tsr_status st = TSR_OK;
@@ -149,7 +149,7 @@ tsr_status tsr_train_save_checkpoint(tsr_train_rank *t) {
   TSR_CHECK_GOTO(gather_all(t, 1, &ea), st);
   TSR_CHECK_GOTO(gather_all(t, 2, &eas), st);
   if (tsr_rank_id(t->r) == 0) {
-    char path[TSR_MAX_PATH];
+    char path[TSR_TRAIN_PATH_LEN];
     tsr_train_path(cfg, cfg->checkpoint.save, path, sizeof path);
     st = tsr_checkpoint_save(path, NULL, t->nparams, t->names, (const tsr_tensor *const *)p,
                              (const tsr_tensor *const *)ea, (const tsr_tensor *const *)eas,
@@ -216,7 +216,7 @@ tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *
 tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d) {
   const tsr_config *cfg = t->job->cfg;
   if (tsr_rank_id(t->r) != 0 || !cfg->output.dump[0]) return TSR_OK;
-  char path[TSR_MAX_PATH];
+  char path[TSR_TRAIN_PATH_LEN];
   tsr_train_path(cfg, cfg->output.dump, path, sizeof path);
   tsr_status st = tsr_dump_save(path, d->n, (const char *const *)d->names,
                                 (const tsr_tensor *const *)d->tensors);

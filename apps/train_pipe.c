@@ -212,7 +212,7 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
   }
   TSR_CHECK_GOTO(tsr_comm_all_gather(all, mine, (size_t)n * 6, every, counts, TSR_I64), st);
   if (me == 0) {
-    char path[TSR_MAX_PATH];
+    char path[TSR_TRAIN_PATH_LEN];
     tsr_train_path(c, c->output.trace, path, sizeof path);
     FILE *f = fopen(path, "w");
     if (!f) {

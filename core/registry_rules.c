@@ -99,7 +99,7 @@ tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule
                      "inputs lets the op run as planned on the moved ones",
                      rule->name, rule->use_mask,
                      rule->compute ? "and has a compute function" : "beyond its inputs");
-  rule_tables *t;
+  rule_tables *t = NULL;
   TSR_CHECK(tables_of(reg, &t));
   for (int i = 0; i < t->ops.count; i++) {
     const tsr_op_rule *o = &((const tsr_op_rule *)t->ops.items)[i];
@@ -162,7 +162,7 @@ tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_s
                      "owns a dim's styles",
                      style->style, style->mesh_dim, old->owner ? old->owner : "(unknown)",
                      style->owner ? style->owner : "(unknown)");
-  rule_tables *t;
+  rule_tables *t = NULL;
   TSR_CHECK(tables_of(reg, &t));
   return tsr_vec_push(&t->styles, style, sizeof *style);
 }
@@ -203,7 +203,7 @@ tsr_status tsr_registry_add_schedule(tsr_registry_t *reg, const tsr_schedule *sc
     return TSR_ERROR(TSR_EINVAL, "schedule '%s' is registered by %s and again by %s", sched->name,
                      old->owner ? old->owner : "(unknown)",
                      sched->owner ? sched->owner : "(unknown)");
-  rule_tables *t;
+  rule_tables *t = NULL;
   TSR_CHECK(tables_of(reg, &t));
   return tsr_vec_push(&t->scheds, sched, sizeof *sched);
 }
@@ -235,7 +235,7 @@ tsr_status tsr_registry_add_optim_hook(tsr_registry_t *reg, const tsr_optim_hook
   if (hook->when != TSR_HOOK_BEFORE_STEP && hook->when != TSR_HOOK_AFTER_STEP)
     return TSR_ERROR(TSR_EINVAL, "optimizer hook '%s': when = %d is neither before nor after",
                      hook->name, (int)hook->when);
-  rule_tables *t;
+  rule_tables *t = NULL;
   TSR_CHECK(tables_of(reg, &t));
   return tsr_vec_push(&t->hooks, hook, sizeof *hook);
 }
@@ -267,7 +267,7 @@ tsr_status tsr_registry_add_grad_hook(tsr_registry_t *reg, const tsr_grad_hook *
   if (!hook || !hook->name || !hook->ready)
     return TSR_ERROR(TSR_EINVAL, "gradient hook '%s' needs a name and a ready function",
                      hook && hook->name ? hook->name : "(unnamed)");
-  rule_tables *t;
+  rule_tables *t = NULL;
   TSR_CHECK(tables_of(reg, &t));
   return tsr_vec_push(&t->grad_hooks, hook, sizeof *hook);
 }
