@@ -79,9 +79,9 @@ static void open_cuda(void) {
   }
   const char *env = getenv("TESSERA_CUDA_LIB");
   /* beside the loaded libtessera first: an install under any --prefix finds its own */
-  char beside[4096] = "", lib_dir[4096];
+  char beside[4096 + 32] = "", lib_dir[4096];
   if (tsr_core_library_dir(lib_dir, sizeof lib_dir))
-    snprintf(beside, sizeof beside, "%s/libtessera-cuda.so", lib_dir);
+    snprintf(beside, sizeof beside, "%s/libtessera-cuda.so", lib_dir); /* cannot be cut */
   const char *paths[] = {env && env[0] == '/' ? env : NULL, beside, TSR_CUDA_INSTALL_LIB,
                          TSR_CUDA_BUILD_LIB};
   char tried[1536] = "";
