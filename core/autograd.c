@@ -338,6 +338,31 @@ static int by_var_then_node(const void *a, const void *b) {
   return x->node != y->node ? (x->node < y->node ? -1 : 1) : x->slot - y->slot;
 }
 
+/* Tells every gradient hook about the leaves first used at node i (their gradients are final:
+ * no node before i reads them); `next` walks `uses`, which is sorted by node, downwards. */
+static tsr_status hooks_ready(tsr_tape_t *t, const tsr_registry_t *reg, int nhooks,
+                              const leaf_use *uses, int nuses, int i, int *next) {
+  for (; *next < nuses && uses[*next].node == i; (*next)++)
+    for (int h = 0; h < nhooks; h++) {
+      const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+      tsr_status st = hook->ready(t->r, uses[*next].v, hook->ctx);
+      if (st != TSR_OK)
+        return tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
+                                uses[*next].v->name ? uses[*next].v->name : "(unnamed)");
+    }
+  return TSR_OK;
+}
+
+static tsr_status hooks_done(tsr_tape_t *t, const tsr_registry_t *reg, int nhooks) {
+  for (int h = 0; h < nhooks; h++) {
+    const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+    tsr_status st = hook->done ? hook->done(t->r, hook->ctx) : TSR_OK;
+    if (st != TSR_OK)
+      return tsr_error_prefix(st, "gradient hook %s at the end of backward", hook->name);
+  }
+  return TSR_OK;
+}
+
 /* Latest first use first: the order backward finalises them in, the same on every rank. */
 static int by_node_desc(const void *a, const void *b) {
   const leaf_use *x = a, *y = b;
@@ -403,20 +428,9 @@ tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad
     for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
     if (reached) st = backward_node(t, node);
     /* no node before i reads the leaves first used at i: their gradients are final */
-    for (; st == TSR_OK && next < nuses && uses[next].node == i; next++)
-      for (int h = 0; h < nhooks && st == TSR_OK; h++) {
-        const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
-        st = hook->ready(t->r, uses[next].v, hook->ctx);
-        if (st != TSR_OK)
-          tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
-                           uses[next].v->name ? uses[next].v->name : "(unnamed)");
-      }
+    if (st == TSR_OK) st = hooks_ready(t, reg, nhooks, uses, nuses, i, &next);
   }
-  for (int h = 0; h < nhooks && st == TSR_OK; h++) {
-    const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
-    if (hook->done && (st = hook->done(t->r, hook->ctx)) != TSR_OK)
-      tsr_error_prefix(st, "gradient hook %s at the end of backward", hook->name);
-  }
+  if (st == TSR_OK) st = hooks_done(t, reg, nhooks);
   free(uses);
   return st;
 }
@@ -574,20 +588,9 @@ tsr_status tsr_tape_backward_weight(tsr_tape_t *t) {
       for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
       if (reached) st = backward_node(t, node);
     }
-    for (; st == TSR_OK && next < nuses && uses[next].node == i; next++)
-      for (int h = 0; h < nhooks && st == TSR_OK; h++) {
-        const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
-        st = hook->ready(t->r, uses[next].v, hook->ctx);
-        if (st != TSR_OK)
-          tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
-                           uses[next].v->name ? uses[next].v->name : "(unnamed)");
-      }
+    if (st == TSR_OK) st = hooks_ready(t, reg, nhooks, uses, nuses, i, &next);
   }
-  for (int h = 0; h < nhooks && st == TSR_OK; h++) {
-    const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
-    if (hook->done && (st = hook->done(t->r, hook->ctx)) != TSR_OK)
-      tsr_error_prefix(st, "gradient hook %s at the end of backward", hook->name);
-  }
+  if (st == TSR_OK) st = hooks_done(t, reg, nhooks);
   free(uses);
   split_free(t);
   return st;
