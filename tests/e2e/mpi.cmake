@@ -1,6 +1,7 @@
 # End-to-end tests of `tessera run` under the mpi backend (included by tests/mpi/CMakeLists.txt,
 # so only when the backend is built). Each case runs a job under `local`, then the same job as
-# `mpirun -np N tessera run` with backend = mpi, and compares the two dumps at rtol 1e-5.
+# `mpirun -np N tessera run` with backend = mpi (N the mesh size), and compares the two dumps at
+# rtol 1e-5.
 #
 # The jobs are the golden 'gqa' case with [mesh] and [plugins] replaced, written at configure time
 # with absolute paths; a case is registered only when the plugins it loads are in the tree.
@@ -31,7 +32,9 @@ endfunction()
 set(MPI_E2E_CASES
   "dp2_tp2       dp:tp        2:2    dp:tp"
   "pp2_tp2       pp:tp        2:2    pp:tp"
-  "ring_cp2_dp2  ring_cp:dp   2:2    cp_ring:dp")
+  "ring_cp2_dp2  ring_cp:dp   2:2    cp_ring:dp"
+  "dp2_tp2_pp2   dp:tp:pp     2:2:2  dp:tp:pp"
+  "fsdp2_uly2    dp_shard:ulysses_cp 2:2 dp:cp_ulysses")
 foreach(row ${MPI_E2E_CASES})
   string(REGEX REPLACE " +" ";" row "${row}")
   list(GET row 0 name)
@@ -51,9 +54,14 @@ foreach(row ${MPI_E2E_CASES})
     continue()
   endif()
   mpi_e2e_job(${name} ${dims} ${shape} ${plugins})
+  string(REPLACE ":" ";" sizes "${shape}")
+  set(np 1)
+  foreach(n ${sizes})
+    math(EXPR np "${np} * ${n}")
+  endforeach()
   add_test(NAME e2e_mpi_${name}
-    COMMAND sh ${MPI_E2E_COMPARE} ${MPI_E2E_BIN} ${MPI_E2E_DIR}/${name}.ini ${MPI_E2E_DIR}/${name} 4
-      ${TESSERA_MPIRUN})
+    COMMAND sh ${MPI_E2E_COMPARE} ${MPI_E2E_BIN} ${MPI_E2E_DIR}/${name}.ini ${MPI_E2E_DIR}/${name}
+      ${np} ${TESSERA_MPIRUN})
   set_tests_properties(e2e_mpi_${name} PROPERTIES LABELS "mpi;e2e" TIMEOUT 300
     PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
 endforeach()
