@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "app.h"
@@ -159,5 +160,12 @@ int tsr_cmd_run(int argc, char **argv) {
   if (job.cfg) tsr_app_job_close(&job);
   for (int i = 0; i < nset; i++) free(sets[i]);
   if (quiet) fclose(quiet);
+  /* A job refused before the launch fails alike on every process and rank 0 alone says why; mpirun
+   * ends the whole job at the first non-zero exit, so the silent ranks leave a moment later, or
+   * rank 0 could be killed before its message is out. */
+  if (code != TSR_EXIT_OK && tsr_mpi_env_rank() > 0 && !tsr_mpi_loader_started()) {
+    struct timespec grace = {1, 0};
+    nanosleep(&grace, NULL);
+  }
   return code;
 }
