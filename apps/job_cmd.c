@@ -127,7 +127,9 @@ static const char plan_usage[] =
     "\n"
     "Validates the job file and its plugins exactly as `run` does, then prints the mesh\n"
     "(rank -> coordinates), which plugin owns each mesh dim, the loaded plugins and what they\n"
-    "registered. Nothing runs.\n"
+    "registered, the pipeline schedule as a timeline (pp > 1), rank 0's parameters with their\n"
+    "placements, and the parameter, gradient and AdamW bytes each rank will hold, found by\n"
+    "building each rank's model in turn. No step runs.\n"
     "\n"
     "exit codes: 0 valid, 1 runtime failure, 2 bad input (file:line:key errors on stderr)\n";
 
