@@ -424,8 +424,7 @@ tsr_status tsr_op_prepare_inputs(tsr_tape_t *t, const char *op, tsr_var **in, in
   const tsr_mesh_t *m = mesh_of(in[0]);
   tsr_placement want[TSR_MAX_OP_INPUTS][TSR_MAX_MESH_DIMS];
   uint32_t moved[TSR_MAX_OP_INPUTS] = {0};
-  for (int j = 0; j < nin; j++)
-    memcpy(want[j], in[j]->value->placements, sizeof want[j]);
+  for (int j = 0; j < nin; j++) memcpy(want[j], in[j]->value->placements, sizeof want[j]);
   for (int i = 0; i < tsr_mesh_ndim(m); i++) {
     if (tsr_mesh_dim_size(m, i) == 1) continue;
     tsr_placement p[TSR_MAX_OP_INPUTS];

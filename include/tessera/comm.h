@@ -39,7 +39,11 @@
 extern "C" {
 #endif
 
-typedef enum tsr_reduce_op { TSR_REDUCE_SUM = 0, TSR_REDUCE_AVG = 1, TSR_REDUCE_MAX = 2 } tsr_reduce_op;
+typedef enum tsr_reduce_op {
+  TSR_REDUCE_SUM = 0,
+  TSR_REDUCE_AVG = 1,
+  TSR_REDUCE_MAX = 2
+} tsr_reduce_op;
 
 const char *tsr_reduce_op_name(tsr_reduce_op op); /* "sum", "avg", "max" */
 
@@ -52,8 +56,8 @@ int64_t tsr_chunk_size(int64_t total, int n, int i);
 /* Start of chunk `i` under the same split. */
 int64_t tsr_chunk_start(int64_t total, int n, int i);
 
-int tsr_comm_rank(const tsr_comm_t *c);  /* global rank id of this handle */
-int tsr_comm_world(const tsr_comm_t *c); /* number of ranks in the job */
+int tsr_comm_rank(const tsr_comm_t *c);            /* global rank id of this handle */
+int tsr_comm_world(const tsr_comm_t *c);           /* number of ranks in the job */
 const char *tsr_comm_backend(const tsr_comm_t *c); /* "local", "mpi", ... */
 
 /* The group of `n` global ranks `ranks` (in group order; the caller must be one of them).
@@ -64,8 +68,8 @@ const char *tsr_comm_backend(const tsr_comm_t *c); /* "local", "mpi", ... */
 tsr_status tsr_comm_group(tsr_comm_t *c, int n, const int *ranks, const char *label,
                           tsr_group_t **out);
 int tsr_group_size(const tsr_group_t *g);
-int tsr_group_index(const tsr_group_t *g);        /* this rank's position in the group */
-int tsr_group_rank(const tsr_group_t *g, int i);  /* global rank of member i */
+int tsr_group_index(const tsr_group_t *g);       /* this rank's position in the group */
+int tsr_group_rank(const tsr_group_t *g, int i); /* global rank of member i */
 const char *tsr_group_label(const tsr_group_t *g);
 
 /* recv[k] = op over members of send[k], k < count. In place allowed. */

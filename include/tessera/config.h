@@ -26,9 +26,10 @@ extern "C" {
 #endif
 
 #define TSR_MAX_PLUGINS 16
-#define TSR_MAX_NAME    64  /* plugin and section names, including the terminator */
-#define TSR_MAX_VALUE   256 /* one INI value, including the terminator (inih reads 200-byte lines) \
-                             */
+#define TSR_MAX_NAME    64 /* plugin and section names, including the terminator */
+#define TSR_MAX_VALUE                                                                              \
+  256 /* one INI value, including the terminator (inih reads 200-byte lines)                       \
+       */
 #define TSR_MAX_PATH    1024 /* composed paths (directory + file), including the terminator */
 #define TSR_MAX_ENTRIES 32   /* keys per [strategy.NAME] section */
 
