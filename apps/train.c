@@ -149,21 +149,21 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
                                  tsr_train_dump *dump, tsr_train_mem *mem, double *gnorm) {
   const tsr_config *c = t->job->cfg;
   const tsr_registry_t *reg = tsr_rank_registry(t->r);
-  for (int i = 0; i < t->nparams; i++) {
+  for (int i = 0; i < t->nopt; i++) {
     tsr_status st = tsr_var_resolve_grad(tape, t->params[i]);
-    if (st != TSR_OK) return tsr_error_prefix(st, "gradient of %s", t->names[i]);
+    if (st != TSR_OK) return tsr_error_prefix(st, "gradient of %s", t->params[i]->name);
   }
+  TSR_CHECK(tsr_train_tied_grad_sync(t));
   int64_t accum = c->optimizer.grad_accum_steps;
   if (accum > 1)
-    for (int i = 0; i < t->nparams; i++) {
+    for (int i = 0; i < t->nopt; i++) {
       tsr_dtensor *g = t->params[i]->grad;
       if (g->local)
         tsr_kernel_scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local),
                          (float)(1.0 / (double)accum));
     }
   if (dump) TSR_CHECK(dump_params(t, dump, "grad.", true));
-  TSR_CHECK(
-      tsr_clip_grad_norm(t->r, t->job->mesh, t->nparams, t->params, c->optimizer.max_norm, gnorm));
+  TSR_CHECK(tsr_train_clip_grads(t, c->optimizer.max_norm, gnorm));
   tsr_dtensor *vals[1024], *grads[1024];
   int nh = t->nparams < 1024 ? t->nparams : 1024;
   for (int i = 0; i < nh; i++) vals[i] = t->params[i]->value, grads[i] = t->params[i]->grad;
@@ -173,7 +173,7 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
   if (reg) TSR_CHECK(tsr_registry_run_optim_hooks(reg, t->r, TSR_HOOK_AFTER_STEP, &info));
   if (dump) TSR_CHECK(dump_params(t, dump, "after.", false));
   if (mem) *mem = tsr_train_mem_measure(t);
-  for (int i = 0; i < t->nparams; i++) tsr_var_zero_grad(t->params[i]);
+  for (int i = 0; i < t->nopt; i++) tsr_var_zero_grad(t->params[i]);
   return TSR_OK;
 }
 
@@ -312,7 +312,10 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   }
   tsr_adamw_config oc = {c->optimizer.beta1, c->optimizer.beta2, c->optimizer.eps,
                          c->optimizer.weight_decay};
-  TSR_CHECK_GOTO(tsr_adamw_new(t.r, t.nparams, t.params, &oc, &t.opt), st);
+  /* the tied replica takes the same AdamW steps as the embedding it copies */
+  t.nopt = t.nparams;
+  if (tsr_llama_tied_replica(t.model)) t.params[t.nopt++] = tsr_llama_tied_replica(t.model);
+  TSR_CHECK_GOTO(tsr_adamw_new(t.r, t.nopt, t.params, &oc, &t.opt), st);
   bool resumed = false;
   TSR_CHECK_GOTO(tsr_train_load_checkpoint(&t, &resumed), st);
   if (c->job.mode == TSR_MODE_FORWARD) t.start_step = 0;

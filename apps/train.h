@@ -38,7 +38,8 @@ typedef struct tsr_train_rank {
   tsr_llama_t *model;
   tsr_adamw_t *opt;
   int nparams;
-  tsr_var **params;   /* (nparams) borrowed from the model */
+  int nopt;           /* nparams, + 1 with the tied embedding's last-stage replica (pp > 1) */
+  tsr_var **params;   /* (nopt) borrowed from the model; params[nparams] is that replica */
   const char **names; /* (nparams) borrowed from the model */
   int64_t start_step; /* optimizer steps already taken (from a resumed checkpoint) */
   /* Pipeline (mesh dim pp > 1): the schedule and microbatches its owner's section names; NULL
@@ -96,6 +97,13 @@ tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tens
 /* Rank 0 writes the dump to [output] dump. */
 tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d);
 void tsr_train_dump_free(tsr_train_dump *d);
+
+/* Tied embeddings over pipeline stages: sums the embedding's and its replica's gradients
+ * (tsr_llama_tied_grad_sync); no-op otherwise. Call after resolving every gradient. */
+tsr_status tsr_train_tied_grad_sync(tsr_train_rank *t);
+/* Global grad-norm clipping of the parameters to max_norm (<= 0: the norm only), counting the
+ * tied weight once (the replica, params[nparams], is scaled alike but not counted). */
+tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnorm);
 
 /* One optimizer step's forward (and backward) through the pipeline schedule, per accumulation
  * step: fills *loss with the batch's mean loss on every rank and, with a dump, adds the whole

@@ -48,6 +48,14 @@ static tsr_status scatter_into(tsr_train_rank *t, const tsr_dtensor *like, const
   return st;
 }
 
+/* Index of the parameter the tied replica copies (model.embed_tokens.weight); -1 without one. */
+static int tied_source(const tsr_train_rank *t) {
+  if (t->nopt <= t->nparams) return -1;
+  for (int i = 0; i < t->nparams; i++)
+    if (!strcmp(t->names[i], "model.embed_tokens.weight")) return i;
+  return -1;
+}
+
 tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   const tsr_config *cfg = t->job->cfg;
   *resumed = false;
@@ -72,6 +80,10 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   }
   for (int i = 0; i < t->nparams; i++)
     TSR_CHECK_GOTO(scatter_into(t, t->params[i]->value, full[i], t->params[i]->value), st);
+  /* the tied replica (last stage) takes the embedding's values: the file has one copy */
+  int src = tied_source(t);
+  for (int i = t->nparams; i < t->nopt && src >= 0; i++)
+    TSR_CHECK_GOTO(scatter_into(t, t->params[i]->value, full[src], t->params[i]->value), st);
 
   TSR_CHECK_GOTO(tsr_checkpoint_optim_path(path, optim, sizeof optim), st);
   if (access(optim, F_OK) != 0) goto cleanup; /* weights only: a fresh optimizer */
@@ -90,6 +102,11 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
     const tsr_dtensor *v = t->params[i]->value;
     TSR_CHECK_GOTO(scatter_into(t, v, ea[i], tsr_adamw_exp_avg(t->opt, i)), st);
     TSR_CHECK_GOTO(scatter_into(t, v, eas[i], tsr_adamw_exp_avg_sq(t->opt, i)), st);
+  }
+  for (int i = t->nparams; i < t->nopt && src >= 0; i++) {
+    const tsr_dtensor *v = t->params[i]->value;
+    TSR_CHECK_GOTO(scatter_into(t, v, ea[src], tsr_adamw_exp_avg(t->opt, i)), st);
+    TSR_CHECK_GOTO(scatter_into(t, v, eas[src], tsr_adamw_exp_avg_sq(t->opt, i)), st);
   }
   tsr_adamw_set_step(t->opt, step);
   t->start_step = step;

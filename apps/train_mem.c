@@ -11,7 +11,8 @@ static int64_t local_bytes(const tsr_dtensor *d) {
 
 tsr_train_mem tsr_train_mem_measure(tsr_train_rank *t) {
   tsr_train_mem m = {0, 0, 0};
-  for (int i = 0; i < t->nparams; i++) {
+  /* nopt: the tied embedding's last-stage replica (pp > 1) is held like a parameter */
+  for (int i = 0; i < t->nopt; i++) {
     m.params += local_bytes(t->params[i]->value);
     m.grads += local_bytes(t->params[i]->grad);
   }
@@ -94,6 +95,8 @@ static tsr_status plan_rank(tsr_comm_t *comm, void *arg) {
     tsr_train_mem m = {0, 0, 0};
     for (int i = 0; i < tsr_llama_param_count(model); i++)
       m.params += local_bytes(tsr_llama_param(model, i)->value);
+    if (tsr_llama_tied_replica(model))
+      m.params += local_bytes(tsr_llama_tied_replica(model)->value);
     /* Gradients take their parameter's placement (the Partial sums are reduced into it, under
      * FSDP by reduce-scatter), and AdamW keeps two moments shaped like each local shard. */
     m.grads = m.params;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tessera/kernels.h"
 #include "train.h"
 
 /* [strategy.OWNER] `key` of the plugin that owns pp, defaults applied; NULL when none does. */
@@ -67,6 +68,26 @@ tsr_status tsr_train_model_new(const tsr_app_job *job, tsr_rank_t *r, tsr_llama_
 
 tsr_status tsr_train_pipe_setup(tsr_train_rank *t) {
   return find_pipe(t->job, &t->pipe, &t->microbatches);
+}
+
+tsr_status tsr_train_tied_grad_sync(tsr_train_rank *t) {
+  if (t->nopt <= t->nparams) return TSR_OK;
+  tsr_status st = tsr_llama_tied_grad_sync(t->model);
+  return st == TSR_OK ? st : tsr_error_prefix(st, "[model] tie_word_embeddings over pp stages");
+}
+
+tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnorm) {
+  /* the norm over the parameters alone: the replica's gradient equals the embedding's */
+  TSR_CHECK(tsr_clip_grad_norm(t->r, t->job->mesh, t->nparams, t->params, max_norm, gnorm));
+  if (max_norm <= 0.0) return TSR_OK;
+  float coef = tsr_kernel_clip_coef(*gnorm, max_norm);
+  if (coef >= 1.0f) return TSR_OK; /* as tsr_clip_grad_norm: x * 1 is x */
+  for (int i = t->nparams; i < t->nopt; i++) {
+    tsr_dtensor *g = t->params[i]->grad;
+    if (g && g->local)
+      tsr_kernel_scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local), coef);
+  }
+  return TSR_OK;
 }
 
 static tsr_status keep_events(tsr_train_rank *t, int64_t step, const tsr_pipe_result *res) {

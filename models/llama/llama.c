@@ -43,6 +43,9 @@ struct tsr_llama_t {
   llama_layer *layers;   /* (num_hidden_layers) */
   tsr_var *norm;         /* (C) */
   tsr_var *lm_head;      /* (V, C); NULL when tied to embed_tokens */
+  /* (V, C) tied over several stages: the last stage's replica of embed_tokens that its lm_head
+   * uses, so that no weight crosses stages per microbatch; not among params (one name) */
+  tsr_var *tied_head;
   int nparams;
   tsr_var **params;        /* (nparams) in HF order, pointing at the fields above */
   char (*names)[NAME_LEN]; /* (nparams) */
@@ -106,6 +109,7 @@ typedef struct param_spec {
   int ndim;
   int64_t shape[2];
   param_init init;
+  int index; /* parameter whose name and initial values it takes (a replica: its source's) */
 } param_spec;
 
 /* The style for (style, mesh dim). k_proj and v_proj are column linears that a strategy may place
@@ -186,7 +190,7 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
   for (int i = 0; i < n; i++) {
     const param_spec *s = &specs[i];
     TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, s->ndim, s->shape, &full), st);
-    fill_init(full, s->init, seed, (uint64_t)i);
+    fill_init(full, s->init, seed, (uint64_t)s->index);
     TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, smesh(m, s->stage), full, pl[i], &dist), st);
     int64_t count = s->ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
     if (dist->local) {
@@ -198,9 +202,9 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
       dist->local = view;
       TSR_CHECK_GOTO(st, st);
     }
-    TSR_CHECK_GOTO(tsr_var_new_leaf(dist, true, m->names[i], s->slot), st);
+    TSR_CHECK_GOTO(tsr_var_new_leaf(dist, true, m->names[s->index], s->slot), st);
     dist = NULL;
-    m->params[i] = *s->slot;
+    if (i < m->nparams) m->params[i] = *s->slot;
     tsr_tensor_free(piece);
     piece = NULL;
     tsr_tensor_free(full);
@@ -263,6 +267,7 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   m->cfg = *cfg;
   m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
   int Lyr = cfg->num_hidden_layers, n = 2 + 9 * Lyr + (cfg->tie_word_embeddings ? 0 : 1);
+  int nspecs = n; /* n, and the tied replica when there is one */
   tsr_status st = tsr_mesh_unbind(mesh, "pp", &m->stages, &m->npp);
   if (st != TSR_OK) {
     free(m);
@@ -270,13 +275,14 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   }
   m->chunks = layout && layout->stages_per_rank > 1 ? layout->stages_per_rank : 1;
   m->nstages = m->npp * m->chunks;
+  if (cfg->tie_word_embeddings && m->nstages > 1) nspecs = n + 1;
   int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
   int64_t Q = (int64_t)cfg->num_attention_heads * m->head_dim;
   int64_t KV = (int64_t)cfg->num_key_value_heads * m->head_dim;
   m->layers = calloc((size_t)Lyr, sizeof *m->layers);
   m->params = calloc((size_t)n, sizeof *m->params);
   m->names = calloc((size_t)n, sizeof *m->names);
-  param_spec *specs = calloc((size_t)n, sizeof *specs);
+  param_spec *specs = calloc((size_t)nspecs, sizeof *specs);
   m->layer_stage = calloc((size_t)Lyr, sizeof *m->layer_stage);
   if (!m->layers || !m->params || !m->names || !specs || !m->layer_stage) {
     st = TSR_ERROR(TSR_ENOMEM, "out of memory allocating the model");
@@ -300,7 +306,7 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   int k = 0, last = m->nstages - 1, stage = 0;
   /* Specs in HF order; layer names get the layer index. */
 #define PARAM(slot_, style_, rows, cols, init_)                                                    \
-  (specs[k++] = (param_spec){&(slot_), stage, style_, (cols) ? 2 : 1, {rows, cols}, init_})
+  (specs[k] = (param_spec){&(slot_), stage, style_, (cols) ? 2 : 1, {rows, cols}, init_, k}, k++)
   snprintf(m->names[k], NAME_LEN, "model.embed_tokens.weight");
   PARAM(m->embed_tokens, "embedding", V, C, INIT_NORMAL);
   static const char *const layer_names[9] = {
@@ -329,8 +335,15 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
     snprintf(m->names[k], NAME_LEN, "lm_head.weight");
     PARAM(m->lm_head, "column_linear", V, C, INIT_NORMAL);
   }
+  if (nspecs > n) {
+    /* Megatron's tied head: placed and initialised as the embedding (index 0), so both copies
+     * start equal and, with summed gradients, take the same steps */
+    specs[k] = specs[0];
+    specs[k].slot = &m->tied_head;
+    specs[k].stage = last;
+  }
 #undef PARAM
-  TSR_CHECK_GOTO(build_params(m, specs, n, seed), st);
+  TSR_CHECK_GOTO(build_params(m, specs, nspecs, seed), st);
   free(specs);
   *out = m;
   return TSR_OK;
@@ -343,6 +356,7 @@ cleanup:
 void tsr_llama_free(tsr_llama_t *m) {
   if (!m) return;
   for (int i = 0; i < m->nparams; i++) tsr_var_free(m->params[i]);
+  tsr_var_free(m->tied_head);
   tsr_tensor_free(m->storage);
   for (int i = 0; i < m->npp; i++) tsr_mesh_free(m->stages[i]);
   free(m->stages);
@@ -384,6 +398,41 @@ tsr_var *tsr_llama_param(tsr_llama_t *m, int i) {
 }
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i) {
   return m->names[i];
+}
+tsr_var *tsr_llama_tied_replica(tsr_llama_t *m) {
+  return m->tied_head;
+}
+
+tsr_status tsr_llama_tied_grad_sync(tsr_llama_t *m) {
+  if (!m->tied_head) return TSR_OK;
+  int d = tsr_mesh_find_dim(m->mesh, "pp"), me = tsr_rank_id(m->r);
+  int coords[TSR_MAX_MESH_DIMS], ranks[2];
+  if (d < 0 || !tsr_mesh_coords(m->mesh, me, coords)) return TSR_OK;
+  int mine = coords[d], lastpp = m->npp - 1;
+  if (mine != 0 && mine != lastpp) return TSR_OK;
+  /* the pp dim restricted to its first and last coordinate, at this rank's other coordinates */
+  coords[d] = 0;
+  ranks[0] = tsr_mesh_rank_at(m->mesh, coords);
+  coords[d] = lastpp;
+  ranks[1] = tsr_mesh_rank_at(m->mesh, coords);
+  tsr_var *v = mine == 0 ? m->embed_tokens : m->tied_head;
+  const char *which = mine == 0 ? "model.embed_tokens.weight" : "its last-stage replica";
+  tsr_dtensor *g = v->grad;
+  if (!g || !g->local)
+    return TSR_ERROR(TSR_EINVAL,
+                     "tied embeddings: %s has no gradient on rank %d; sum the tied gradients "
+                     "after the step's backward and tsr_var_resolve_grad",
+                     which, me);
+  if (g->dtype != TSR_F32 || !tsr_tensor_is_contiguous(g->local))
+    return TSR_ERROR(TSR_EINVAL,
+                     "tied embeddings: the gradient of %s is not a contiguous f32 tensor", which);
+  tsr_group_t *grp = NULL;
+  TSR_CHECK(tsr_comm_group(tsr_rank_comm(m->r), 2, ranks, "pp", &grp));
+  void *data = tsr_tensor_data(g->local);
+  /* a + b == b + a in floating point: both copies get the same bits */
+  TSR_CHECK(tsr_comm_all_reduce(grp, data, data, (size_t)tsr_tensor_numel(g->local), TSR_F32,
+                                TSR_REDUCE_SUM));
+  return TSR_OK;
 }
 
 /* ---- forward ---- */
@@ -572,11 +621,6 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
   if (loss) *loss = NULL;
   if (stage < 0 || stage > last)
     return TSR_ERROR(TSR_EINVAL, "pipeline stage %d out of range (%d stages)", stage, m->nstages);
-  if (m->cfg.tie_word_embeddings && m->nstages > 1)
-    return TSR_ERROR(TSR_EINVAL,
-                     "stage-by-stage forward with tied embeddings over %d stages is "
-                     "not implemented; set [model] tie_word_embeddings = false",
-                     m->nstages);
   tsr_var *h, *x, *e, *n;
   if (stage == 0) {
     TSR_CHECK(place_input(t, ids, smesh(m, 0), &x));
@@ -601,7 +645,7 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
     return tsr_op_redistribute(t, h, smesh(m, stage), p, out);
   }
   TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
-  tsr_var *head = m->lm_head ? m->lm_head : m->embed_tokens;
+  tsr_var *head = m->lm_head ? m->lm_head : m->tied_head ? m->tied_head : m->embed_tokens;
   TSR_CHECK(linear(m, t, "column_linear", n, head, &h));
   *out = h;
   if (logits) *logits = h;

@@ -69,6 +69,21 @@ const tsr_llama_config *tsr_llama_get_config(const tsr_llama_t *m);
 int tsr_llama_param_count(const tsr_llama_t *m);
 tsr_var *tsr_llama_param(tsr_llama_t *m, int i);
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i);
+/* Tied embeddings over several pipeline stages (Megatron's layout): model.embed_tokens.weight
+ * lives on the first stage and the last stage holds a replica of it, placed and initialised
+ * identically, which its lm_head uses in tsr_llama_forward_stage. The replica is not among
+ * tsr_llama_param (one name for checkpoints and dumps): the caller steps it with the same
+ * optimizer as the embedding and sums the two gradients before the step
+ * (tsr_llama_tied_grad_sync), so both copies stay bit-identical. Ranks off the last stage hold
+ * no local of it. NULL when the embeddings are not tied or there is one stage. */
+tsr_var *tsr_llama_tied_replica(tsr_llama_t *m);
+/* Sums the gradients of model.embed_tokens.weight and its replica over each pair of ranks at
+ * the first and the last pp coordinate with the same other coordinates (a group of the pp dim
+ * restricted to them, bytes under label "pp"), in place, so that both hold the tied weight's
+ * whole gradient. Call once per optimizer step, after the backward of every microbatch and
+ * tsr_var_resolve_grad of both. No-op without a replica and on ranks of other pp coordinates;
+ * collective over the first and last stage. */
+tsr_status tsr_llama_tied_grad_sync(tsr_llama_t *m);
 /* Pipeline stages: the model unbinds the mesh's `pp` dim (one stage without it) and lays its
  * layers over pp x stages_per_rank stages (tsr_llama_layout). Embeddings live on stage 0, the
  * final norm and lm_head on the last, layer l on tsr_llama_assign_layers' stage or the layout's;
@@ -90,7 +105,8 @@ int64_t tsr_llama_num_params(const tsr_llama_config *cfg);
 
 /* Forward on the global batch `ids` (B, L) i32: logits (B, L, V) and, when labels (B, L) i32
  * is given, the mean cross-entropy (-100 ignored). Both vars belong to the tape and live on the
- * last pipeline stage's mesh. */
+ * last pipeline stage's mesh. Tied over several stages, lm_head is the first stage's weight moved
+ * to the last on the tape (its gradient comes back the same way; the replica is unused). */
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
                              tsr_var **logits, tsr_var **loss);
 
@@ -107,7 +123,8 @@ void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placemen
  * on their mesh placed as tsr_llama_stage_io_placements of the previous stage. *out is the
  * activation for the next stage, placed as tsr_llama_stage_io_placements(stage); on the last
  * stage it is the logits, also in *logits, and with labels *loss is the mean cross-entropy of
- * this microbatch. Tied embeddings over several stages are refused (not implemented). */
+ * this microbatch. With tied embeddings the last stage's lm_head is the replica
+ * (tsr_llama_tied_replica). */
 tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr_var *ids,
                                    tsr_var *in, tsr_var *labels, tsr_var **out, tsr_var **logits,
                                    tsr_var **loss);

@@ -111,12 +111,6 @@ static tsr_status pp_validate(const tsr_plugin_args *args) {
                             "%lld microbatches but a step has %lld rows ([data] batch_size / "
                             "[optimizer] grad_accum_steps); use at most %lld",
                             (long long)mb, (long long)rows, (long long)rows);
-  if (c->model.tie_word_embeddings)
-    return tsr_config_error(c, TSR_EINVAL, "model", "tie_word_embeddings",
-                            "tied embeddings over pp = %d stages are not implemented in this "
-                            "build (the shared weight would live on the first and last stage); "
-                            "set it to false",
-                            pp);
   return TSR_OK;
 }
 

@@ -3,7 +3,7 @@
 # loss, gradients, parameters after the step), and so do the interleaved jobs (virtual stages)
 # and the explicit splits against pp_ref6.ini / pp_ref.ini, beside dp and tp too; 1F1B holds at
 # most pp - stage microbatches per stage, GPipe all of them, zero_bubble at most pp; bad
-# combinations are refused at plan time.
+# combinations are refused at plan time; tied embeddings over pp stages against the golden case.
 add_test(NAME e2e_pp_reference
   COMMAND ${TESSERA_BIN} run ${E2E_JOBS}/pp_ref.ini --no-peak --dump ${E2E_OUT}/pp_ref.safetensors)
 set_tests_properties(e2e_pp_reference PROPERTIES LABELS e2e FIXTURES_SETUP pp_ref)
@@ -109,8 +109,9 @@ foreach(c "schedule = interleaved_1f1b;\\[strategy\\.pp\\] stages_per_rank: inte
 endforeach()
 
 # Checkpoint save with pp > 1 gathers every stage (pp 2, pp 3, pp 2 x dp 2 x tp 2, interleaved)
-# and a 1-rank load of it runs the same model.
-foreach(c "pp2;pp_ref" "pp3;pp_ref" "pp2x2;pp_ref" "pp2i;pp_ref6")
+# and a 1-rank load of it runs the same model; tied over pp 2 (2 steps), the embedding is written
+# once and a load fills both of its copies.
+foreach(c "pp2;pp_ref" "pp3;pp_ref" "pp2x2;pp_ref" "pp2i;pp_ref6" "pp2_tied;pp_ref_tied")
   list(GET c 0 job)
   list(GET c 1 ref)
   add_test(NAME e2e_${job}_checkpoint_save
@@ -118,4 +119,36 @@ foreach(c "pp2;pp_ref" "pp3;pp_ref" "pp2x2;pp_ref" "pp2i;pp_ref6")
     ${E2E_JOBS}/${ref}.ini ${E2E_OUT}/pp_ckpt_${job})
   set_tests_properties(e2e_${job}_checkpoint_save PROPERTIES LABELS e2e
     PASS_REGULAR_EXPRESSION "MATCH: 0 tensors.*MATCH: 0 tensors.*MATCH: 0 tensors")
+endforeach()
+
+# Tied embeddings over pp stages (the first stage's embedding, a replica for the last stage's
+# lm_head, gradients summed over the pair): the golden 'tied' case (PyTorch reference) under
+# pp 2, pp 2 x tp 2 and pp 2 x dp 2, each schedule. Jobs written at configure time with absolute
+# paths to the golden data; each line: name, dims, shape, plugins, microbatches.
+set(PP_TIED_DIR ${CMAKE_CURRENT_BINARY_DIR}/pp_tied)
+file(MAKE_DIRECTORY ${PP_TIED_DIR})
+set(PP_TIED_GOLDEN ${PROJECT_SOURCE_DIR}/tests/data/golden/tied)
+foreach(c "tied_pp2;pp, tp;2, 1;pp;2" "tied_pp2_tp2;pp, tp;2, 2;pp, tp;2"
+          "tied_pp2_dp2;pp, dp;2, 2;pp, dp;1")
+  list(GET c 0 name)
+  list(GET c 1 dims)
+  list(GET c 2 shape)
+  list(GET c 3 plugins)
+  list(GET c 4 mb)
+  foreach(sched 1f1b gpipe zero_bubble)
+    file(READ ${PP_TIED_GOLDEN}/job.ini text)
+    string(REPLACE "dims = dp, tp\nshape = 1, 1"
+      "dims = ${dims}\nshape = ${shape}\n\n[plugins]\nload = ${plugins}\n\n[strategy.pp]\nschedule = ${sched}\nmicrobatches = ${mb}"
+      text "${text}")
+    string(REPLACE "safetensors:batch.safetensors" "safetensors:${PP_TIED_GOLDEN}/batch.safetensors" text "${text}")
+    string(REPLACE "load = model.safetensors" "load = ${PP_TIED_GOLDEN}/model.safetensors" text "${text}")
+    string(REPLACE "dump = dump.safetensors" "dump = ${PP_TIED_DIR}/${name}_${sched}.safetensors" text "${text}")
+    file(WRITE ${PP_TIED_DIR}/${name}_${sched}.ini "${text}")
+    add_test(NAME e2e_pp_${name}_${sched}
+      COMMAND sh -c "\"$0\" run \"$1\" --no-peak && \"$0\" compare \"$2\" \"$3\" --rtol 1e-4 --atol 1e-5"
+      ${TESSERA_BIN} ${PP_TIED_DIR}/${name}_${sched}.ini ${PP_TIED_DIR}/${name}_${sched}.safetensors
+      ${PP_TIED_GOLDEN}/expected.safetensors)
+    set_tests_properties(e2e_pp_${name}_${sched} PROPERTIES LABELS e2e
+      PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+  endforeach()
 endforeach()

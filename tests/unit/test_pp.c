@@ -3,7 +3,8 @@
  * gpipe, 1f1b, interleaved_1f1b (virtual stages) and zero_bubble (split backward) with several
  * microbatch counts, even, uneven and explicit layer splits; 1F1B's peak of microbatches in
  * flight per stage; per-rank parameter bytes about 1/pp; the schedules' analytic bubble; the
- * tape's split backward (input part, then the deferred weight part) against the whole one. */
+ * tape's split backward (input part, then the deferred weight part) against the whole one; tied
+ * embeddings' last-stage replica bit-identical to the embedding after steps. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include "../../plugins/pp/pp_schedule.c"
 #include "llama_pipe.h"
 #include "tessera/ops.h"
+#include "tessera/optim.h"
 
 #define MAX_PARAMS 96
 #define B          6
@@ -252,6 +254,96 @@ static void against_one_rank(int ndim, const int *shape, const char *const *name
       case_free(&c);
     }
   case_free(&one);
+}
+
+/* Tied embeddings over pp 2 (zero_bubble, 2 microbatches): the last stage's replica starts equal
+ * to the first stage's embedding and, with the gradients summed over the pair and both stepped by
+ * AdamW, is still bit-identical to it after 3 steps that moved it. */
+typedef struct tied_case {
+  tsr_tensor *embed[2], *replica[2]; /* [0] at build, [1] after the steps; rank 0's */
+  bool exposed_once;                 /* no parameter besides embed_tokens is (V, C) */
+} tied_case;
+
+static tsr_status full_of(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_var *v, bool keep,
+                          tsr_tensor **out) {
+  tsr_tensor *full;
+  TSR_CHECK(gather(r, m, v->value, &full));
+  if (keep)
+    *out = full;
+  else
+    tsr_tensor_free(full);
+  return TSR_OK;
+}
+
+static tsr_status run_tied(tsr_comm_t *comm, void *arg) {
+  tied_case *tc = arg;
+  bool me0 = tsr_comm_rank(comm) == 0;
+  int shape[1] = {2};
+  const char *names[1] = {"pp"};
+  tsr_rank_t *r = NULL;
+  tsr_mesh_t *m = NULL;
+  tsr_llama_t *model = NULL;
+  tsr_tape_t *t = NULL;
+  tsr_adamw_t *opt = NULL;
+  tsr_var *params[MAX_PARAMS + 1];
+  int32_t hid[B * L], hlab[B * L];
+  tsr_status st = TSR_OK;
+  fill(hid, hlab);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), 1, shape, names, &m), st);
+  tsr_llama_config cfg = base_cfg;
+  cfg.tie_word_embeddings = true;
+  TSR_CHECK_GOTO(tsr_llama_new(r, m, &cfg, 7, &model), st);
+  TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
+  int n = tsr_llama_param_count(model);
+  TSR_INVARIANT(n < MAX_PARAMS && tsr_llama_tied_replica(model));
+  tc->exposed_once = true;
+  for (int i = 0; i < n; i++) {
+    params[i] = tsr_llama_param(model, i);
+    if (i > 0 && params[i]->value->ndim == 2 && params[i]->value->shape[0] == cfg.vocab_size)
+      tc->exposed_once = false;
+  }
+  tsr_var *embed = params[0], *replica = tsr_llama_tied_replica(model);
+  params[n] = replica;
+  TSR_CHECK_GOTO(full_of(r, m, embed, me0, &tc->embed[0]), st);
+  TSR_CHECK_GOTO(full_of(r, m, replica, me0, &tc->replica[0]), st);
+  tsr_adamw_config oc = {0.9f, 0.95f, 1e-8f, 0.1f};
+  TSR_CHECK_GOTO(tsr_adamw_new(r, n + 1, params, &oc, &opt), st);
+  for (int step = 0; step < 3; step++) {
+    tsr_pipe_result res;
+    TSR_CHECK_GOTO(tsr_llama_pipe_step(model, m, &zb, 2, hid, hlab, B, L, true, false, &res), st);
+    tsr_pipe_result_free(&res);
+    for (int i = 0; i <= n; i++) TSR_CHECK_GOTO(tsr_var_resolve_grad(t, params[i]), st);
+    TSR_CHECK_GOTO(tsr_llama_tied_grad_sync(model), st);
+    TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-2), st);
+    for (int i = 0; i <= n; i++) tsr_var_zero_grad(params[i]);
+  }
+  TSR_CHECK_GOTO(full_of(r, m, embed, me0, &tc->embed[1]), st);
+  TSR_CHECK_GOTO(full_of(r, m, replica, me0, &tc->replica[1]), st);
+cleanup:
+  tsr_adamw_free(opt);
+  tsr_tape_free(t);
+  tsr_llama_free(model);
+  tsr_mesh_free(m);
+  tsr_rank_free(r);
+  return st;
+}
+
+static void test_tied_replica_stays_identical(void **s) {
+  (void)s;
+  tied_case tc = {0};
+  if (tsr_local_launch(2, 30.0, run_tied, &tc) != TSR_OK) fail_msg("%s", tsr_last_error());
+  assert_true(tc.exposed_once);
+  size_t bytes = (size_t)tsr_tensor_numel(tc.embed[0]) * sizeof(float);
+  assert_int_equal(tsr_tensor_numel(tc.replica[1]), tsr_tensor_numel(tc.embed[1]));
+  assert_memory_equal(tsr_tensor_data(tc.embed[0]), tsr_tensor_data(tc.replica[0]), bytes);
+  assert_memory_equal(tsr_tensor_data(tc.embed[1]), tsr_tensor_data(tc.replica[1]), bytes);
+  /* the steps moved the weight (so equality is not just the initial copy) */
+  assert_memory_not_equal(tsr_tensor_data(tc.embed[0]), tsr_tensor_data(tc.embed[1]), bytes);
+  for (int i = 0; i < 2; i++) {
+    tsr_tensor_free(tc.embed[i]);
+    tsr_tensor_free(tc.replica[i]);
+  }
 }
 
 static void test_pp4(void **s) {
@@ -589,6 +681,7 @@ int main(void) {
       cmocka_unit_test(test_bad_layouts),
       cmocka_unit_test(test_split_backward),
       cmocka_unit_test(test_zero_bubble_defers_weights),
+      cmocka_unit_test(test_tied_replica_stays_identical),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
