@@ -441,8 +441,8 @@ tsr_status tsr_llama_tied_grad_sync(tsr_llama_t *m) {
  * replicated over tp; names the mesh lacks are ignored. TorchTitan's split of the data-parallel
  * dim, dp_replicate x dp_shard (HSDP), shards the batch on both, nested outermost first. */
 static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh, tsr_var **out) {
-  static const char *const names[] = {"dp",      "dp_replicate", "dp_shard",
-                                       "tp",      "ulysses_cp",   "ring_cp"};
+  static const char *const names[] = {"dp", "dp_replicate", "dp_shard",
+                                      "tp", "ulysses_cp",   "ring_cp"};
   const tsr_placement want[] = {tsr_shard(0),    tsr_shard(0), tsr_shard(0),
                                 tsr_replicate(), tsr_shard(1), tsr_shard(1)};
   tsr_placement p[TSR_MAX_MESH_DIMS];
