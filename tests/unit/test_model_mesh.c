@@ -87,7 +87,7 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
   TSR_CHECK_GOTO(tsr_test_keep_full(r, m, logits->value, me0, &mc->res.logits), st);
   TSR_CHECK_GOTO(tsr_test_keep_full(r, m, loss->value, me0, &mc->res.loss), st);
-  mc->res.nparams = tsr_llama_param_count(model);
+  if (me0) mc->res.nparams = tsr_llama_param_count(model);
   for (int i = 0; i < tsr_llama_param_count(model); i++) {
     tsr_var *p = tsr_llama_param(model, i);
     TSR_CHECK_GOTO(tsr_var_resolve_grad(t, p), st);

@@ -123,18 +123,19 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_llama_forward(model, t, ids, labels, &lg, &loss), st);
     TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
     TSR_CHECK_GOTO(gather(r, m, lg->value, &logits), st);
-    pc->loss = *(const float *)tsr_tensor_data(loss->value->local);
+    if (me == 0) pc->loss = *(const float *)tsr_tensor_data(loss->value->local);
   }
   if (me == 0)
     pc->logits = logits;
   else
     tsr_tensor_free(logits);
-  pc->nparams = tsr_llama_param_count(model);
-  if (pc->nparams > MAX_PARAMS) {
-    st = TSR_ERROR(TSR_EINVAL, "%d parameters; raise MAX_PARAMS", pc->nparams);
+  int np = tsr_llama_param_count(model);
+  if (np > MAX_PARAMS) {
+    st = TSR_ERROR(TSR_EINVAL, "%d parameters; raise MAX_PARAMS", np);
     goto cleanup;
   }
-  for (int i = 0; i < pc->nparams; i++) {
+  if (me == 0) pc->nparams = np; /* one writer: the ranks are threads sharing pc */
+  for (int i = 0; i < np; i++) {
     tsr_var *p = tsr_llama_param(model, i);
     tsr_tensor *full;
     TSR_CHECK_GOTO(tsr_var_resolve_grad(t, p), st);
@@ -297,12 +298,13 @@ static tsr_status run_tied(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
   int n = tsr_llama_param_count(model);
   TSR_INVARIANT(n < MAX_PARAMS && tsr_llama_tied_replica(model));
-  tc->exposed_once = true;
+  bool once = true;
   for (int i = 0; i < n; i++) {
     params[i] = tsr_llama_param(model, i);
     if (i > 0 && params[i]->value->ndim == 2 && params[i]->value->shape[0] == cfg.vocab_size)
-      tc->exposed_once = false;
+      once = false;
   }
+  if (me0) tc->exposed_once = once; /* one writer: the ranks are threads sharing tc */
   tsr_var *embed = params[0], *replica = tsr_llama_tied_replica(model);
   params[n] = replica;
   TSR_CHECK_GOTO(full_of(r, m, embed, me0, &tc->embed[0]), st);
