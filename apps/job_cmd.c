@@ -19,26 +19,7 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_config_load(path, &job->cfg), st);
   for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
-  if (job->cfg->mesh.ndim != job->cfg->mesh.nshape) {
-    st = tsr_error(TSR_EINVAL,
-                   "--set: [mesh] dims names %d dims but shape gives %d sizes; set both, e.g. "
-                   "--set mesh.dims=dp,tp --set mesh.shape=2,2",
-                   job->cfg->mesh.ndim, job->cfg->mesh.nshape);
-    goto cleanup;
-  }
-  for (int i = 0; i < job->cfg->nstrategy; i++) {
-    bool loaded = false;
-    for (int j = 0; j < job->cfg->plugins.nload; j++)
-      loaded |= !strcmp(job->cfg->plugins.load[j], job->cfg->strategy[i].name);
-    if (!loaded) {
-      st = tsr_error(TSR_EINVAL,
-                     "[strategy.%s] is set but plugin '%s' is not in [plugins] load; add it (e.g. "
-                     "--set plugins.load=...,%s) or drop the section",
-                     job->cfg->strategy[i].name, job->cfg->strategy[i].name,
-                     job->cfg->strategy[i].name);
-      goto cleanup;
-    }
-  }
+  TSR_CHECK_GOTO(tsr_config_check_sets(job->cfg), st);
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;

@@ -260,6 +260,13 @@ static int line_or_header(const tsr_config *cfg, const char *section, const char
   return line ? line : where_line(cfg, section, NULL);
 }
 
+/* Whether [plugins] load names `plugin`. */
+static bool plugin_listed(const tsr_config *cfg, const char *plugin) {
+  for (int j = 0; j < cfg->plugins.nload; j++)
+    if (!strcmp(cfg->plugins.load[j], plugin)) return true;
+  return false;
+}
+
 /* Checks that span keys: run once the whole file is read. */
 static void cross_check(parse_state *ps) {
   tsr_config *cfg = ps->cfg;
@@ -297,10 +304,7 @@ static void cross_check(parse_state *ps) {
                   cfg->plugins.load[i]);
 
   for (int i = 0; i < cfg->nstrategy; i++) {
-    bool loaded = false;
-    for (int j = 0; j < cfg->plugins.nload; j++)
-      loaded |= !strcmp(cfg->plugins.load[j], cfg->strategy[i].name);
-    if (!loaded)
+    if (!plugin_listed(cfg, cfg->strategy[i].name))
       add_error(ps, cfg->strategy[i].line,
                 "[strategy.%s]: plugin '%s' is not in [plugins] load (line %d); add it there or "
                 "remove the section",
@@ -489,6 +493,21 @@ tsr_status tsr_config_set(tsr_config *cfg, const char *assignment) {
                        "also --set job.world_size=0 (or the same product)",
                        key, (long long)world, (long long)cfg->job.world_size);
   }
+  return TSR_OK;
+}
+
+tsr_status tsr_config_check_sets(const tsr_config *cfg) {
+  if (cfg->mesh.ndim != cfg->mesh.nshape)
+    return tsr_error(TSR_EINVAL,
+                     "--set: [mesh] dims names %d dims but shape gives %d sizes; set both, e.g. "
+                     "--set mesh.dims=dp,tp --set mesh.shape=2,2",
+                     cfg->mesh.ndim, cfg->mesh.nshape);
+  for (int i = 0; i < cfg->nstrategy; i++)
+    if (!plugin_listed(cfg, cfg->strategy[i].name))
+      return tsr_error(TSR_EINVAL,
+                       "[strategy.%s] is set but plugin '%s' is not in [plugins] load; add it "
+                       "(e.g. --set plugins.load=...,%s) or drop the section",
+                       cfg->strategy[i].name, cfg->strategy[i].name, cfg->strategy[i].name);
   return TSR_OK;
 }
 

@@ -165,6 +165,10 @@ void tsr_config_free(tsr_config *cfg);
  * "strategy.NAME.key=value" adds or replaces a key of [strategy.NAME] (made if absent); the
  * plugin checks it when it loads, as it checks the file's keys. */
 tsr_status tsr_config_set(tsr_config *cfg, const char *assignment);
+/* After the last tsr_config_set: the cross-checks that overrides can break ([mesh] dims and
+ * shape of one length, every [strategy.NAME] with its plugin in [plugins] load), TSR_EINVAL with
+ * the fix otherwise. */
+tsr_status tsr_config_check_sets(const tsr_config *cfg);
 
 /* TSR_EINVAL when the mesh product differs from the world size a backend provides. */
 tsr_status tsr_config_check_world(const tsr_config *cfg, int world);
