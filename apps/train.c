@@ -117,12 +117,7 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
     x = y = NULL;
   }
   if (cat && tsr_rank_id(t->r) == 0 && parts[0]) {
-    tsr_tensor *all = NULL, *scalar = NULL;
-    TSR_CHECK_GOTO(tsr_tensor_cat(parts, (int)accum, 0, &all), st);
-    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "logits", all), st);
-    TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, 0, NULL, &scalar), st);
-    *(float *)tsr_tensor_data(scalar) = (float)*loss;
-    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "loss", scalar), st);
+    TSR_CHECK_GOTO(tsr_train_dump_add_batch(dump, parts, (int)accum, *loss), st);
   }
 cleanup:
   tsr_tape_reset(tape);

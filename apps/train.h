@@ -94,6 +94,11 @@ tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *
                               const tsr_dtensor *x);
 /* Appends a tensor that is already full (ownership moves). */
 tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tensor *full);
+/* The logits of a batch run in `n` parts (microbatches, accumulation steps), concatenated along
+ * the batch, and the batch's mean loss, as "logits" and "loss". Rank 0 only; `parts` stay the
+ * caller's. */
+tsr_status tsr_train_dump_add_batch(tsr_train_dump *d, tsr_tensor *const *parts, int n,
+                                    double loss);
 /* Rank 0 writes the dump to [output] dump. */
 tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d);
 void tsr_train_dump_free(tsr_train_dump *d);

@@ -206,6 +206,16 @@ tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tens
   return TSR_OK;
 }
 
+tsr_status tsr_train_dump_add_batch(tsr_train_dump *d, tsr_tensor *const *parts, int n,
+                                    double loss) {
+  tsr_tensor *all = NULL, *scalar = NULL;
+  TSR_CHECK(tsr_tensor_cat(parts, n, 0, &all));
+  TSR_CHECK(tsr_train_dump_add_full(d, "logits", all));
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_F32, 0, NULL, &scalar));
+  *(float *)tsr_tensor_data(scalar) = (float)loss;
+  return tsr_train_dump_add_full(d, "loss", scalar);
+}
+
 tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
                               const tsr_dtensor *x) {
   tsr_tensor *full = NULL;

@@ -138,12 +138,7 @@ tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, cons
     TSR_CHECK_GOTO(st, st);
   }
   if (lead && dump) {
-    tsr_tensor *all = NULL, *scalar = NULL;
-    TSR_CHECK_GOTO(tsr_tensor_cat(parts, (int)accum, 0, &all), st);
-    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "logits", all), st);
-    TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, 0, NULL, &scalar), st);
-    *(float *)tsr_tensor_data(scalar) = (float)*loss;
-    TSR_CHECK_GOTO(tsr_train_dump_add_full(dump, "loss", scalar), st);
+    TSR_CHECK_GOTO(tsr_train_dump_add_batch(dump, parts, (int)accum, *loss), st);
   }
 cleanup:
   for (int k = 0; k < 64; k++) tsr_tensor_free(parts[k]);
