@@ -99,9 +99,4 @@ static const tsr_strategy ag_desc = {
     .register_rules = ag_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  /* the loader compares the majors itself and reports a mismatch with both versions */
-  (void)core_abi_major, (void)core_abi_minor;
-  return &ag_desc;
-}
+TSR_PLUGIN_DEFINE(ag_desc);

@@ -109,6 +109,26 @@ typedef struct tsr_strategy {
 typedef const tsr_strategy *(*tsr_plugin_entry_fn)(uint32_t core_abi_major,
                                                    uint32_t core_abi_minor);
 
+/* The entry point of a plugin that serves one descriptor to every core (the loader compares the
+ * ABI versions itself and names both on a mismatch):  TSR_PLUGIN_DEFINE(my_desc);
+ * Write tsr_plugin_v1 by hand instead to refuse some cores (return NULL). The trailing assertion
+ * gives the use's ';' a declaration to end (ISO C has no empty declarations). */
+#ifdef __cplusplus
+#define TSR_PLUGIN_LINKAGE_       extern "C"
+#define TSR_PLUGIN_STATIC_ASSERT_ static_assert
+#else
+#define TSR_PLUGIN_LINKAGE_
+#define TSR_PLUGIN_STATIC_ASSERT_ _Static_assert
+#endif
+#define TSR_PLUGIN_DEFINE(desc)                                                                    \
+  TSR_PLUGIN_LINKAGE_ TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(                         \
+      uint32_t core_abi_major, uint32_t core_abi_minor) {                                          \
+    (void)core_abi_major, (void)core_abi_minor;                                                    \
+    return &(desc);                                                                                \
+  }                                                                                                \
+  TSR_PLUGIN_STATIC_ASSERT_(sizeof(desc) == sizeof(tsr_strategy),                                  \
+                            "TSR_PLUGIN_DEFINE takes a tsr_strategy")
+
 /* ---- Loader ---- */
 
 /* The check a plugin failed (or TSR_CHECK_PASSED), in the order the loader runs them. */

@@ -137,8 +137,4 @@ static const tsr_strategy ring_desc = {
     .register_rules = ring_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &ring_desc;
-}
+TSR_PLUGIN_DEFINE(ring_desc);

@@ -95,8 +95,4 @@ static const tsr_strategy ulysses_desc = {
     .register_rules = ulysses_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &ulysses_desc;
-}
+TSR_PLUGIN_DEFINE(ulysses_desc);

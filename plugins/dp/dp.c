@@ -150,8 +150,4 @@ static const tsr_strategy dp_desc = {
     .register_rules = dp_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &dp_desc;
-}
+TSR_PLUGIN_DEFINE(dp_desc);

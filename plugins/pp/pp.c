@@ -156,8 +156,4 @@ static const tsr_strategy pp_desc = {
     .register_rules = pp_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &pp_desc;
-}
+TSR_PLUGIN_DEFINE(pp_desc);

@@ -84,8 +84,4 @@ static const tsr_strategy sp_desc = {
     .register_rules = sp_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &sp_desc;
-}
+TSR_PLUGIN_DEFINE(sp_desc);

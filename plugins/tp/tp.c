@@ -222,8 +222,4 @@ static const tsr_strategy tp_desc = {
     .register_rules = tp_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &tp_desc;
-}
+TSR_PLUGIN_DEFINE(tp_desc);

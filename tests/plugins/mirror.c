@@ -123,8 +123,4 @@ static const tsr_strategy mirror_desc = {
     .register_rules = mirror_register,
 };
 
-TSR_PLUGIN_EXPORT const tsr_strategy *tsr_plugin_v1(uint32_t core_abi_major,
-                                                    uint32_t core_abi_minor) {
-  (void)core_abi_major, (void)core_abi_minor;
-  return &mirror_desc;
-}
+TSR_PLUGIN_DEFINE(mirror_desc);
