@@ -10,6 +10,15 @@
 #include "harness.h"
 #include "tessera/optim.h"
 
+const tsr_llama_config tsr_test_llama = {.vocab_size = 19,
+                                         .hidden_size = 16,
+                                         .intermediate_size = 20,
+                                         .num_hidden_layers = 2,
+                                         .num_attention_heads = 4,
+                                         .num_key_value_heads = 2,
+                                         .rms_norm_eps = 1e-5f,
+                                         .rope_theta = 10000.0f};
+
 tsr_status tsr_test_batch(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, const int32_t *data,
                           tsr_var **out) {
   int64_t shape[2] = {B, L};

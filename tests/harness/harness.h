@@ -16,6 +16,10 @@
 
 #include "llama.h"
 
+/* The small Llama the model-on-a-mesh tests run unless they need another: vocabulary 19 and
+ * intermediate 20 split unevenly over 2, 3 and 4 ranks; 4 heads over 2 kv heads; 2 layers. */
+extern const tsr_llama_config tsr_test_llama;
+
 /* A leaf var holding the (B, L) i32 batch `data`, replicated on every dim of `m`: the model's
  * input styles shard it. */
 tsr_status tsr_test_batch(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, const int32_t *data,

@@ -26,15 +26,6 @@
 #define STEPS      5
 #define MAX_NORM   0.5
 
-static const tsr_llama_config base_cfg = {.vocab_size = 19,
-                                          .hidden_size = 16,
-                                          .intermediate_size = 20,
-                                          .num_hidden_layers = 2,
-                                          .num_attention_heads = 4,
-                                          .num_key_value_heads = 2,
-                                          .rms_norm_eps = 1e-5f,
-                                          .rope_theta = 10000.0f};
-
 typedef struct run_result {
   tsr_tensor *logits, *loss, *last_loss;
   int nparams;
@@ -220,7 +211,7 @@ static void run_case(const char *dims, const char *shape, const char *plugins, c
 
 static void check(const char *dims, const char *shape, int world, int batch, int seq) {
   run_result many;
-  run_case(dims, shape, "dp", NULL, batch, seq, &base_cfg, &many, NULL);
+  run_case(dims, shape, "dp", NULL, batch, seq, &tsr_test_llama, &many, NULL);
   /* each rank ran its own rows of the batch, none twice */
   int64_t rows = 0;
   for (int r = 0; r < world; r++) rows += many.rows[r];
@@ -255,19 +246,19 @@ static void test_uneven_batch(void **s) {
 
 static void test_buckets_and_no_overlap(void **s) {
   /* one gradient per collective, and everything left to the resolve after backward */
-  run_case("dp_shard", "2", "dp", "bucket_mb = 0\n", 4, 3, &base_cfg, NULL, NULL);
+  run_case("dp_shard", "2", "dp", "bucket_mb = 0\n", 4, 3, &tsr_test_llama, NULL, NULL);
   run_result many;
-  run_case("dp_replicate, dp_shard", "2, 2", "dp", "overlap = false\n", 4, 3, &base_cfg, &many,
-           NULL);
+  run_case("dp_replicate, dp_shard", "2, 2", "dp", "overlap = false\n", 4, 3, &tsr_test_llama,
+           &many, NULL);
   assert_false(many.synced_in_backward);
   result_free(&many);
 }
 
 static void test_with_tp(void **s) {
-  run_case("dp, tp", "2, 2", "dp, tp", NULL, 4, 3, &base_cfg, NULL, NULL);
+  run_case("dp, tp", "2, 2", "dp, tp", NULL, 4, 3, &tsr_test_llama, NULL, NULL);
   /* FSDP rows nested outside tp's column split: gathered by the planner, bucketed otherwise */
-  run_case("dp_shard, tp", "2, 2", "dp, tp", NULL, 4, 3, &base_cfg, NULL, NULL);
-  run_case("tp, dp_shard", "2, 2", "dp, tp", NULL, 3, 3, &base_cfg, NULL, NULL);
+  run_case("dp_shard, tp", "2, 2", "dp, tp", NULL, 4, 3, &tsr_test_llama, NULL, NULL);
+  run_case("tp, dp_shard", "2, 2", "dp, tp", NULL, 3, 3, &tsr_test_llama, NULL, NULL);
 }
 
 /* A model whose parameters outweigh its activations, so state dominates the memory. */

@@ -20,15 +20,6 @@
 
 #define MAX_PARAMS 64
 
-static const tsr_llama_config cfg = {.vocab_size = 19,
-                                     .hidden_size = 16,
-                                     .intermediate_size = 20,
-                                     .num_hidden_layers = 2,
-                                     .num_attention_heads = 4,
-                                     .num_key_value_heads = 2,
-                                     .rms_norm_eps = 1e-5f,
-                                     .rope_theta = 10000.0f};
-
 typedef struct step_result {
   tsr_tensor *logits, *loss;
   int nparams;
@@ -39,7 +30,7 @@ typedef struct mesh_case {
   int ndim, shape[3];
   const char *names[3];
   int batch, seq;
-  int layers; /* 0: cfg's */
+  int layers; /* 0: tsr_test_llama's */
   bool tied;
   step_result res; /* filled by rank 0 */
   tsr_status st0;
@@ -52,8 +43,9 @@ static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, bo
   int32_t p[256];
   TSR_INVARIANT(B * L <= 256);
   for (int i = 0; i < B * L; i++)
-    p[i] = labels && (i % 7 == 3 || i >= B * L - 3) ? -100
-                                                    : (i * 5 + (labels ? 1 : 0)) % cfg.vocab_size;
+    p[i] = labels && (i % 7 == 3 || i >= B * L - 3)
+               ? -100
+               : (i * 5 + (labels ? 1 : 0)) % tsr_test_llama.vocab_size;
   return tsr_test_batch(r, m, B, L, p, out);
 }
 
@@ -68,7 +60,7 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), mc->ndim, mc->shape, mc->names, &m), st);
-  tsr_llama_config c = cfg;
+  tsr_llama_config c = tsr_test_llama;
   if (mc->layers) c.num_hidden_layers = mc->layers;
   c.tie_word_embeddings = mc->tied;
   TSR_CHECK_GOTO(tsr_llama_new(r, m, &c, 99, &model), st);
