@@ -338,6 +338,13 @@ static int by_var_then_node(const void *a, const void *b) {
   return x->node != y->node ? (x->node < y->node ? -1 : 1) : x->slot - y->slot;
 }
 
+/* Whether backward reached the node: a gradient arrived at one of its outputs. */
+static bool reached(const tape_node *node) {
+  for (int k = 0; k < node->noutputs; k++)
+    if (node->outputs[k]->grad) return true;
+  return false;
+}
+
 /* Tells every gradient hook about the leaves first used at node i (their gradients are final:
  * no node before i reads them); `next` walks `uses`, which is sorted by node, downwards. */
 static tsr_status hooks_ready(tsr_tape_t *t, const tsr_registry_t *reg, int nhooks,
@@ -424,9 +431,7 @@ tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad
   tsr_status st = TSR_OK;
   for (int i = t->nnodes - 1; i >= 0 && st == TSR_OK; i--) {
     tape_node *node = &t->nodes[i];
-    bool reached = false;
-    for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
-    if (reached) st = backward_node(t, node);
+    if (reached(node)) st = backward_node(t, node);
     /* no node before i reads the leaves first used at i: their gradients are final */
     if (st == TSR_OK) st = hooks_ready(t, reg, nhooks, uses, nuses, i, &next);
   }
@@ -542,12 +547,11 @@ tsr_status tsr_tape_backward_input(tsr_tape_t *t, tsr_var *out, tsr_dtensor *gra
   tsr_status st = tsr_var_accumulate_grad(t, out, grad);
   for (int i = n - 1; i >= 0 && st == TSR_OK; i--) {
     tape_node *node = &t->nodes[i];
-    bool reached = false;
-    for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
+    bool has_grad = reached(node);
     if (!sp->act[i]) {
       sp->kind[i] = SPLIT_WHOLE_LATER; /* its gradients reach weights only */
       sp->ndeferred++;
-    } else if (reached && splittable(sp, node)) {
+    } else if (has_grad && splittable(sp, node)) {
       st = split_run(t, node, false);
       for (int k = 0; k < node->noutputs; k++) {
         sp->grads[i * TAPE_MAX_IO + k] = node->outputs[k]->grad;
@@ -555,7 +559,7 @@ tsr_status tsr_tape_backward_input(tsr_tape_t *t, tsr_var *out, tsr_dtensor *gra
       }
       sp->kind[i] = SPLIT_WEIGHT_LATER;
       sp->ndeferred++;
-    } else if (reached) {
+    } else if (has_grad) {
       st = backward_node(t, node);
     }
   }
@@ -584,9 +588,7 @@ tsr_status tsr_tape_backward_weight(tsr_tape_t *t) {
       st = split_run(t, node, true);
       for (int k = 0; k < node->noutputs; k++) tsr_var_zero_grad(node->outputs[k]);
     } else if (sp->kind[i] == SPLIT_WHOLE_LATER) {
-      bool reached = false;
-      for (int k = 0; k < node->noutputs; k++) reached = reached || node->outputs[k]->grad;
-      if (reached) st = backward_node(t, node);
+      if (reached(node)) st = backward_node(t, node);
     }
     if (st == TSR_OK) st = hooks_ready(t, reg, nhooks, uses, nuses, i, &next);
   }
