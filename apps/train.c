@@ -53,26 +53,6 @@ static tsr_status agree(tsr_group_t *all, tsr_status st) {
   return st;
 }
 
-/* A leaf var holding rows [row0, row0 + rows) of a (B, L) i32 batch, replicated on every mesh
- * dim: the model's input styles shard it. */
-static tsr_status batch_var(tsr_train_rank *t, const int32_t *data, int64_t row0, int64_t rows,
-                            int64_t seq, tsr_var **out) {
-  const tsr_mesh_t *mesh = t->job->mesh;
-  int64_t shape[2] = {rows, seq};
-  tsr_tensor *full = NULL;
-  tsr_dtensor *d = NULL;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &full));
-  memcpy(tsr_tensor_data(full), data + row0 * seq, (size_t)(rows * seq) * sizeof(int32_t));
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int k = 0; k < tsr_mesh_ndim(mesh); k++) rep[k] = tsr_replicate();
-  tsr_status st = tsr_dtensor_distribute(t->r, mesh, full, rep, &d);
-  tsr_tensor_free(full);
-  if (st != TSR_OK) return st;
-  st = tsr_var_new_leaf(d, false, NULL, out);
-  if (st != TSR_OK) tsr_dtensor_free(d);
-  return st;
-}
-
 /* The scalar value of a loss var on every rank (collective over its mesh). */
 static tsr_status loss_value(tsr_train_rank *t, const tsr_var *loss, double *out) {
   tsr_tensor *full = NULL;
@@ -98,8 +78,8 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
   *loss = 0.0;
   for (int64_t k = 0; k < accum; k++) {
     tsr_var *logits = NULL, *l = NULL;
-    TSR_CHECK_GOTO(batch_var(t, ids, k * rows, rows, seq, &x), st);
-    TSR_CHECK_GOTO(batch_var(t, labels, k * rows, rows, seq, &y), st);
+    TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, ids + k * rows * seq, &x), st);
+    TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, labels + k * rows * seq, &y), st);
     TSR_CHECK_GOTO(tsr_llama_forward(t->model, tape, x, y, &logits, &l), st);
     double v;
     TSR_CHECK_GOTO(loss_value(t, l, &v), st);

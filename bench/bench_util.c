@@ -1,4 +1,5 @@
 /* Benchmark helpers (see bench_util.h). */
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -21,19 +22,11 @@ double tsr_bench_now(void) {
 
 tsr_status tsr_bench_tokens(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, int vocab, int shift,
                             tsr_var **out) {
-  int64_t shape[2] = {B, L};
-  tsr_tensor *t = NULL;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  int32_t *p = tsr_tensor_data(t);
+  int32_t *p = malloc((size_t)B * (size_t)L * sizeof *p);
+  if (!p) return TSR_ERROR(TSR_ENOMEM, "out of memory for a batch of %d x %d tokens", B, L);
   for (int i = 0; i < B * L; i++)
     p[i] = (int32_t)(((uint32_t)(i + shift) * 2654435761u >> 7) % (uint32_t)vocab);
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d = NULL;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  st = tsr_var_new_leaf(d, false, NULL, out);
-  if (st != TSR_OK) tsr_dtensor_free(d);
+  tsr_status st = tsr_llama_batch(r, m, B, L, p, out);
+  free(p);
   return st;
 }

@@ -435,6 +435,23 @@ tsr_status tsr_llama_tied_grad_sync(tsr_llama_t *m) {
   return TSR_OK;
 }
 
+tsr_status tsr_llama_batch(tsr_rank_t *r, const tsr_mesh_t *mesh, int64_t B, int64_t L,
+                           const int32_t *data, tsr_var **out) {
+  int64_t shape[2] = {B, L};
+  tsr_tensor *full = NULL;
+  tsr_dtensor *d = NULL;
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &full));
+  memcpy(tsr_tensor_data(full), data, (size_t)(B * L) * sizeof *data);
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int k = 0; k < tsr_mesh_ndim(mesh); k++) rep[k] = tsr_replicate();
+  tsr_status st = tsr_dtensor_distribute(r, mesh, full, rep, &d);
+  tsr_tensor_free(full);
+  if (st != TSR_OK) return st;
+  st = tsr_var_new_leaf(d, false, NULL, out);
+  if (st != TSR_OK) tsr_dtensor_free(d);
+  return st;
+}
+
 /* ---- forward ---- */
 
 /* The seed's input placements: batch over dp, sequence over the context-parallel dims,

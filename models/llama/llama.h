@@ -103,6 +103,12 @@ void tsr_llama_assign_layers(int num_layers, int num_stages, int *stage_of_layer
 /* Parameter count of the full (unsharded) model, embeddings included. */
 int64_t tsr_llama_num_params(const tsr_llama_config *cfg);
 
+/* A (B, L) i32 batch of token ids or labels from host memory `data`, as the leaf var that
+ * tsr_llama_forward takes: replicated on every dim of `mesh` (the model's input styles shard it
+ * over the batch and sequence dims). */
+tsr_status tsr_llama_batch(tsr_rank_t *r, const tsr_mesh_t *mesh, int64_t B, int64_t L,
+                           const int32_t *data, tsr_var **out);
+
 /* Forward on the global batch `ids` (B, L) i32: logits (B, L, V) and, when labels (B, L) i32
  * is given, the mean cross-entropy (-100 ignored). Both vars belong to the tape and live on the
  * last pipeline stage's mesh. Tied over several stages, lm_head is the first stage's weight moved

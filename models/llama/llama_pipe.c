@@ -99,20 +99,7 @@ static tsr_status boundary_tensor(pipe_ctx *p, int boundary, int64_t rows, tsr_d
 }
 
 static tsr_status host_leaf(pipe_ctx *p, const int32_t *data, const mb_state *b, tsr_var **out) {
-  int64_t shape[2] = {b->rows, p->seq};
-  tsr_tensor *full = NULL;
-  tsr_dtensor *d = NULL;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &full));
-  memcpy(tsr_tensor_data(full), data + b->row0 * p->seq,
-         (size_t)(b->rows * p->seq) * sizeof(int32_t));
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int k = 0; k < tsr_mesh_ndim(p->mesh); k++) rep[k] = tsr_replicate();
-  tsr_status st = tsr_dtensor_distribute(p->r, p->mesh, full, rep, &d);
-  tsr_tensor_free(full);
-  if (st != TSR_OK) return st;
-  st = tsr_var_new_leaf(d, false, NULL, out);
-  if (st != TSR_OK) tsr_dtensor_free(d);
-  return st;
+  return tsr_llama_batch(p->r, p->mesh, b->rows, p->seq, data + b->row0 * p->seq, out);
 }
 
 static void mb_release(pipe_ctx *p, mb_state *b) {

@@ -19,23 +19,6 @@ const tsr_llama_config tsr_test_llama = {.vocab_size = 19,
                                          .rms_norm_eps = 1e-5f,
                                          .rope_theta = 10000.0f};
 
-tsr_status tsr_test_batch(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, const int32_t *data,
-                          tsr_var **out) {
-  int64_t shape[2] = {B, L};
-  tsr_tensor *t = NULL;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  memcpy(tsr_tensor_data(t), data, (size_t)B * (size_t)L * sizeof *data);
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d = NULL;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  st = tsr_var_new_leaf(d, false, NULL, out);
-  if (st != TSR_OK) tsr_dtensor_free(d);
-  return st;
-}
-
 tsr_status tsr_test_keep_full(tsr_rank_t *r, const tsr_mesh_t *job_mesh, const tsr_dtensor *x,
                               bool keep, tsr_tensor **out) {
   tsr_tensor *full = NULL;

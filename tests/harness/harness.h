@@ -20,11 +20,6 @@
  * intermediate 20 split unevenly over 2, 3 and 4 ranks; 4 heads over 2 kv heads; 2 layers. */
 extern const tsr_llama_config tsr_test_llama;
 
-/* A leaf var holding the (B, L) i32 batch `data`, replicated on every dim of `m`: the model's
- * input styles shard it. */
-tsr_status tsr_test_batch(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, const int32_t *data,
-                          tsr_var **out);
-
 /* Gathers x to a full tensor (collective over x's mesh, or over `job_mesh` when x lives on one
  * pipeline stage of it: the move to the whole mesh broadcasts along pp). When `keep`, *out is a
  * copy that does not come from the rank's allocator, so it outlives the rank; otherwise *out is

@@ -98,7 +98,7 @@ static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int V, int B, in
   TSR_INVARIANT(B * L <= 512);
   for (int i = 0; i < B * L; i++)
     p[i] = labels && (i % 7 == 3 || i >= B * L - 3) ? -100 : (i * 5 + (labels ? 1 : 0) + i / 3) % V;
-  return tsr_test_batch(r, m, B, L, p, out);
+  return tsr_llama_batch(r, m, B, L, p, out);
 }
 
 static tsr_status run_step(tsr_comm_t *comm, void *arg) {

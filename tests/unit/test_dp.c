@@ -55,7 +55,7 @@ static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, const dp_case *d
   TSR_INVARIANT(n <= 512);
   for (int i = 0; i < n; i++)
     p[i] = labels && (i % 7 == 3 || i >= n - 3) ? -100 : (i * 5 + step * 3 + (labels ? 1 : 0)) % V;
-  return tsr_test_batch(r, m, dc->batch, dc->seq, p, out);
+  return tsr_llama_batch(r, m, dc->batch, dc->seq, p, out);
 }
 
 /* A copy that outlives the rank (not from its allocator), kept by rank 0. */

@@ -53,20 +53,6 @@ static void fill(int32_t *ids, int32_t *labels) {
   }
 }
 
-static tsr_status leaf(tsr_rank_t *r, const tsr_mesh_t *m, const int32_t *data, tsr_var **out) {
-  int64_t shape[2] = {B, L};
-  tsr_tensor *t;
-  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, &t));
-  memcpy(tsr_tensor_data(t), data, sizeof(int32_t) * B * L);
-  tsr_placement rep[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-  tsr_dtensor *d;
-  tsr_status st = tsr_dtensor_distribute(r, m, t, rep, &d);
-  tsr_tensor_free(t);
-  TSR_CHECK(st);
-  return tsr_var_new_leaf(d, false, NULL, out);
-}
-
 /* The full tensor on every rank, also for a value on one pipeline stage. */
 static tsr_status gather(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_dtensor *x,
                          tsr_tensor **out) {
@@ -118,8 +104,8 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
     tsr_pipe_result_free(&res);
   } else {
     tsr_var *lg, *loss;
-    TSR_CHECK_GOTO(leaf(r, m, hid, &ids), st);
-    TSR_CHECK_GOTO(leaf(r, m, hlab, &labels), st);
+    TSR_CHECK_GOTO(tsr_llama_batch(r, m, B, L, hid, &ids), st);
+    TSR_CHECK_GOTO(tsr_llama_batch(r, m, B, L, hlab, &labels), st);
     TSR_CHECK_GOTO(tsr_llama_forward(model, t, ids, labels, &lg, &loss), st);
     TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
     TSR_CHECK_GOTO(gather(r, m, lg->value, &logits), st);

@@ -110,7 +110,7 @@ static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, const tp_case *c
   for (int i = 0; i < n; i++)
     p[i] =
         labels && (i % 5 == 2 || i == n - 1) ? -100 : (int32_t)((i * 37 + (labels ? 11 : 3)) % V);
-  return tsr_test_batch(r, m, c->batch, c->seq, p, out);
+  return tsr_llama_batch(r, m, c->batch, c->seq, p, out);
 }
 
 static void record_tp_bytes(tsr_rank_t *r, void *arg) {
