@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "../../plugins/pp/pp_schedule.c"
+#include "harness.h"
 #include "llama_pipe.h"
 #include "tessera/ops.h"
 #include "tessera/optim.h"
@@ -53,26 +54,6 @@ static void fill(int32_t *ids, int32_t *labels) {
   }
 }
 
-/* The full tensor on every rank, also for a value on one pipeline stage. */
-static tsr_status gather(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_dtensor *x,
-                         tsr_tensor **out) {
-  tsr_tensor *full = NULL;
-  if (tsr_mesh_equal(x->mesh, m)) {
-    TSR_CHECK(tsr_dtensor_full_tensor(r, x, &full));
-  } else {
-    tsr_placement rep[TSR_MAX_MESH_DIMS];
-    for (int i = 0; i < tsr_mesh_ndim(m); i++) rep[i] = tsr_replicate();
-    tsr_dtensor *y;
-    TSR_CHECK(tsr_dtensor_redistribute(r, x, m, rep, &y));
-    tsr_status st = tsr_dtensor_full_tensor(r, y, &full);
-    tsr_dtensor_free(y);
-    TSR_CHECK(st);
-  }
-  tsr_status st = tsr_tensor_cast(full, full->dtype, out); /* untracked: outlives the rank */
-  tsr_tensor_free(full);
-  return st;
-}
-
 static tsr_status run(tsr_comm_t *comm, void *arg) {
   pp_case *pc = arg;
   int me = tsr_comm_rank(comm);
@@ -108,7 +89,7 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_llama_batch(r, m, B, L, hlab, &labels), st);
     TSR_CHECK_GOTO(tsr_llama_forward(model, t, ids, labels, &lg, &loss), st);
     TSR_CHECK_GOTO(tsr_tape_backward(t, loss), st);
-    TSR_CHECK_GOTO(gather(r, m, lg->value, &logits), st);
+    TSR_CHECK_GOTO(tsr_test_keep_full(r, m, lg->value, true, &logits), st);
     if (me == 0) pc->loss = *(const float *)tsr_tensor_data(loss->value->local);
   }
   if (me == 0)
@@ -123,13 +104,8 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
   if (me == 0) pc->nparams = np; /* one writer: the ranks are threads sharing pc */
   for (int i = 0; i < np; i++) {
     tsr_var *p = tsr_llama_param(model, i);
-    tsr_tensor *full;
     TSR_CHECK_GOTO(tsr_var_resolve_grad(t, p), st);
-    TSR_CHECK_GOTO(gather(r, m, p->grad, &full), st);
-    if (me == 0)
-      pc->grads[i] = full;
-    else
-      tsr_tensor_free(full);
+    TSR_CHECK_GOTO(tsr_test_keep_full(r, m, p->grad, me == 0, &pc->grads[i]), st);
   }
 cleanup:
   tsr_tape_free(t);
@@ -142,12 +118,7 @@ cleanup:
 }
 
 static void expect_close(const tsr_tensor *a, const tsr_tensor *b, const char *what, int i) {
-  assert_int_equal(tsr_tensor_numel(a), tsr_tensor_numel(b));
-  const float *x = tsr_tensor_data(a), *y = tsr_tensor_data(b);
-  for (int64_t k = 0; k < tsr_tensor_numel(a); k++)
-    if (!(fabsf(x[k] - y[k]) <= 1e-5f + 1e-4f * fabsf(y[k])))
-      fail_msg("%s %d [%lld]: %.8g in the pipeline, %.8g on one rank", what, i, (long long)k, x[k],
-               y[k]);
+  tsr_test_expect_close(a, b, 1e-4f, 1e-5f, what, i);
 }
 
 static void case_free(pp_case *c) {
@@ -251,17 +222,6 @@ typedef struct tied_case {
   bool exposed_once;                 /* no parameter besides embed_tokens is (V, C) */
 } tied_case;
 
-static tsr_status full_of(tsr_rank_t *r, const tsr_mesh_t *m, const tsr_var *v, bool keep,
-                          tsr_tensor **out) {
-  tsr_tensor *full;
-  TSR_CHECK(gather(r, m, v->value, &full));
-  if (keep)
-    *out = full;
-  else
-    tsr_tensor_free(full);
-  return TSR_OK;
-}
-
 static tsr_status run_tied(tsr_comm_t *comm, void *arg) {
   tied_case *tc = arg;
   bool me0 = tsr_comm_rank(comm) == 0;
@@ -293,8 +253,8 @@ static tsr_status run_tied(tsr_comm_t *comm, void *arg) {
   if (me0) tc->exposed_once = once; /* one writer: the ranks are threads sharing tc */
   tsr_var *embed = params[0], *replica = tsr_llama_tied_replica(model);
   params[n] = replica;
-  TSR_CHECK_GOTO(full_of(r, m, embed, me0, &tc->embed[0]), st);
-  TSR_CHECK_GOTO(full_of(r, m, replica, me0, &tc->replica[0]), st);
+  TSR_CHECK_GOTO(tsr_test_keep_full(r, m, embed->value, me0, &tc->embed[0]), st);
+  TSR_CHECK_GOTO(tsr_test_keep_full(r, m, replica->value, me0, &tc->replica[0]), st);
   tsr_adamw_config oc = {0.9f, 0.95f, 1e-8f, 0.1f};
   TSR_CHECK_GOTO(tsr_adamw_new(r, n + 1, params, &oc, &opt), st);
   for (int step = 0; step < 3; step++) {
@@ -306,8 +266,8 @@ static tsr_status run_tied(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-2), st);
     for (int i = 0; i <= n; i++) tsr_var_zero_grad(params[i]);
   }
-  TSR_CHECK_GOTO(full_of(r, m, embed, me0, &tc->embed[1]), st);
-  TSR_CHECK_GOTO(full_of(r, m, replica, me0, &tc->replica[1]), st);
+  TSR_CHECK_GOTO(tsr_test_keep_full(r, m, embed->value, me0, &tc->embed[1]), st);
+  TSR_CHECK_GOTO(tsr_test_keep_full(r, m, replica->value, me0, &tc->replica[1]), st);
 cleanup:
   tsr_adamw_free(opt);
   tsr_tape_free(t);
