@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_table.h"
 #include "tessera/autograd.h"
 #include "tessera/registry.h"
 
@@ -299,9 +300,7 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
                      v->name ? v->name : "(unnamed)", (long long)tsr_tensor_numel(b),
                      (long long)tsr_tensor_numel(a));
     } else {
-      float *pa = tsr_tensor_data(a);
-      const float *pb = tsr_tensor_data(b);
-      for (int64_t i = 0, n = tsr_tensor_numel(a); i < n; i++) pa[i] += pb[i];
+      tsr_kernel_table_of(a)->add(tsr_tensor_data(a), tsr_tensor_data(b), tsr_tensor_numel(a));
     }
   }
   tsr_dtensor_free(g);
@@ -408,7 +407,8 @@ tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss) {
   tsr_dtensor *seed = NULL;
   TSR_CHECK(tsr_dtensor_zeros(t->r, loss->value->mesh, TSR_F32, loss->value->ndim,
                               loss->value->shape, rep, &seed));
-  if (seed->local) *(float *)tsr_tensor_data(seed->local) = 1.0f;
+  const float one = 1.0f;
+  if (seed->local) tsr_memcpy_any(tsr_tensor_data(seed->local), &one, sizeof one);
   return tsr_tape_backward_with(t, loss, seed);
 }
 

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "comm_impl.h"
+#include "kernel_table.h"
 
 int64_t tsr_chunk_size(int64_t total, int n, int i) {
   if (n <= 0 || i < 0 || i >= n || total <= 0) return 0;
@@ -421,12 +422,14 @@ tsr_status tsr_comm_all_reduce(tsr_group_t *g, const void *send, void *recv, siz
   TSR_CHECK(check_buf(g, "all_reduce", "recv", recv, count));
   size_t es = tsr_dtype_size(dt);
   if (g->n == 1) {
-    if (count && send != recv) memmove(recv, send, count * es);
+    if (count && send != recv) tsr_memcpy_any(recv, send, count * es);
     return TSR_OK;
   }
+  tsr_stage sg;
+  TSR_CHECK(tsr_stage_begin(g, &send, count * es, &recv, count * es, &sg));
   tsr_call call = {
       .kind = TSR_COLL_ALL_REDUCE, .dt = dt, .op = op, .count = count, .send = send, .recv = recv};
-  TSR_CHECK(g->comm->iface->all_reduce(g, &call));
+  TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->all_reduce(g, &call)));
   uint64_t own = (uint64_t)tsr_chunk_size((int64_t)count, g->n, g->index) * es;
   count_bytes(g, (uint64_t)count * es - own + own * (uint64_t)(g->n - 1));
   return TSR_OK;
@@ -443,18 +446,20 @@ tsr_status tsr_comm_all_gather(tsr_group_t *g, const void *send, size_t send_cou
   size_t es = tsr_dtype_size(dt), total = counts ? sum_sizes(g->n, counts) : send_count * g->n;
   TSR_CHECK(check_buf(g, "all_gather", "recv", recv, total));
   if (g->n == 1) {
-    if (send_count && send != recv) memmove(recv, send, send_count * es);
+    if (send_count && send != recv) tsr_memcpy_any(recv, send, send_count * es);
     return TSR_OK;
   }
   tsr_status st = TSR_OK;
   size_t *owned = NULL;
   if (!counts) TSR_CHECK_GOTO(uniform_counts(g, send_count, &owned), st);
+  tsr_stage sg;
+  TSR_CHECK_GOTO(tsr_stage_begin(g, &send, send_count * es, &recv, total * es, &sg), st);
   tsr_call call = {.kind = TSR_COLL_ALL_GATHER,
                    .dt = dt,
                    .counts = counts ? counts : owned,
                    .send = send,
                    .recv = recv};
-  TSR_CHECK_GOTO(g->comm->iface->all_gather(g, &call), st);
+  TSR_CHECK_GOTO(tsr_stage_end(&sg, g->comm->iface->all_gather(g, &call)), st);
   count_bytes(g, (uint64_t)send_count * es * (uint64_t)(g->n - 1));
 cleanup:
   free(owned);
@@ -474,19 +479,21 @@ tsr_status tsr_comm_reduce_scatter(tsr_group_t *g, const void *send, void *recv,
   TSR_CHECK(check_buf(g, "reduce_scatter", "send", send, total));
   TSR_CHECK(check_buf(g, "reduce_scatter", "recv", recv, recv_count));
   if (g->n == 1) {
-    if (recv_count && send != recv) memmove(recv, send, recv_count * es);
+    if (recv_count && send != recv) tsr_memcpy_any(recv, send, recv_count * es);
     return TSR_OK;
   }
   tsr_status st = TSR_OK;
   size_t *owned = NULL;
   if (!counts) TSR_CHECK_GOTO(uniform_counts(g, recv_count, &owned), st);
+  tsr_stage sg;
+  TSR_CHECK_GOTO(tsr_stage_begin(g, &send, total * es, &recv, recv_count * es, &sg), st);
   tsr_call call = {.kind = TSR_COLL_REDUCE_SCATTER,
                    .dt = dt,
                    .op = op,
                    .counts = counts ? counts : owned,
                    .send = send,
                    .recv = recv};
-  TSR_CHECK_GOTO(g->comm->iface->reduce_scatter(g, &call), st);
+  TSR_CHECK_GOTO(tsr_stage_end(&sg, g->comm->iface->reduce_scatter(g, &call)), st);
   count_bytes(g, (uint64_t)(total - recv_count) * es);
 cleanup:
   free(owned);
@@ -511,16 +518,18 @@ tsr_status tsr_comm_all_to_all(tsr_group_t *g, const void *send, const size_t *s
                        "collective mismatch on group '%s' [%d]: all_to_all sends %zu elements to "
                        "itself but expects %zu",
                        g->label, g->ranks[0], send_counts[0], recv_counts[0]);
-    if (sent && send != recv) memmove(recv, send, sent * es);
+    if (sent && send != recv) tsr_memcpy_any(recv, send, sent * es);
     return TSR_OK;
   }
+  tsr_stage sg;
+  TSR_CHECK(tsr_stage_begin(g, &send, sent * es, &recv, got * es, &sg));
   tsr_call call = {.kind = TSR_COLL_ALL_TO_ALL,
                    .dt = dt,
                    .counts = send_counts,
                    .recv_counts = recv_counts,
                    .send = send,
                    .recv = recv};
-  TSR_CHECK(g->comm->iface->all_to_all(g, &call));
+  TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->all_to_all(g, &call)));
   count_bytes(g, (uint64_t)(sent - send_counts[g->index]) * es);
   return TSR_OK;
 }
@@ -530,9 +539,13 @@ tsr_status tsr_comm_broadcast(tsr_group_t *g, void *buf, size_t count, tsr_dtype
   TSR_CHECK(check_peer(g, "broadcast", "root", root));
   TSR_CHECK(check_buf(g, "broadcast", "buf", buf, count));
   if (g->n == 1) return TSR_OK;
+  size_t bytes = count * tsr_dtype_size(dt);
+  const void *send = buf;
+  tsr_stage sg;
+  TSR_CHECK(tsr_stage_begin(g, &send, bytes, &buf, bytes, &sg));
   tsr_call call = {
       .kind = TSR_COLL_BROADCAST, .dt = dt, .root = root, .count = count, .send = buf, .recv = buf};
-  TSR_CHECK(g->comm->iface->broadcast(g, &call));
+  TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->broadcast(g, &call)));
   if (g->index == root) count_bytes(g, (uint64_t)count * tsr_dtype_size(dt) * (uint64_t)(g->n - 1));
   return TSR_OK;
 }
@@ -553,7 +566,9 @@ tsr_status tsr_comm_send(tsr_group_t *g, int peer, const void *buf, size_t count
   if (peer == g->index)
     return TSR_ERROR(TSR_EINVAL, "send on group '%s': rank %d sends to itself; use sendrecv",
                      g->label, g->ranks[peer]);
-  TSR_CHECK(g->comm->iface->send(g, peer, buf, count, dt));
+  tsr_stage sg;
+  TSR_CHECK(tsr_stage_begin(g, &buf, count * tsr_dtype_size(dt), NULL, 0, &sg));
+  TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->send(g, peer, buf, count, dt)));
   count_bytes(g, (uint64_t)count * tsr_dtype_size(dt));
   return TSR_OK;
 }
@@ -565,7 +580,9 @@ tsr_status tsr_comm_recv(tsr_group_t *g, int peer, void *buf, size_t count, tsr_
   if (peer == g->index)
     return TSR_ERROR(TSR_EINVAL, "recv on group '%s': rank %d receives from itself; use sendrecv",
                      g->label, g->ranks[peer]);
-  return g->comm->iface->recv(g, peer, buf, count, dt);
+  tsr_stage sg;
+  TSR_CHECK(tsr_stage_begin(g, NULL, 0, &buf, count * tsr_dtype_size(dt), &sg));
+  return tsr_stage_end(&sg, g->comm->iface->recv(g, peer, buf, count, dt));
 }
 
 tsr_status tsr_comm_sendrecv(tsr_group_t *g, int send_peer, const void *send, size_t send_count,
@@ -583,7 +600,7 @@ tsr_status tsr_comm_sendrecv(tsr_group_t *g, int send_peer, const void *send, si
                        "sendrecv on group '%s': rank %d sends %zu elements to itself but expects "
                        "%zu",
                        g->label, g->ranks[g->index], send_count, recv_count);
-    if (send_count && send != recv) memmove(recv, send, send_count * es);
+    if (send_count && send != recv) tsr_memcpy_any(recv, send, send_count * es);
     return TSR_OK;
   }
   if (send_peer == g->index || recv_peer == g->index)
@@ -591,8 +608,10 @@ tsr_status tsr_comm_sendrecv(tsr_group_t *g, int send_peer, const void *send, si
                      "sendrecv on group '%s': rank %d exchanges with itself on one side only "
                      "(send_peer %d, recv_peer %d)",
                      g->label, g->ranks[g->index], send_peer, recv_peer);
-  TSR_CHECK(
-      g->comm->iface->sendrecv(g, send_peer, send, send_count, recv_peer, recv, recv_count, dt));
+  tsr_stage sg;
+  TSR_CHECK(tsr_stage_begin(g, &send, send_count * es, &recv, recv_count * es, &sg));
+  TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->sendrecv(g, send_peer, send, send_count, recv_peer,
+                                                        recv, recv_count, dt)));
   count_bytes(g, (uint64_t)send_count * es);
   return TSR_OK;
 }

@@ -64,6 +64,9 @@ typedef struct tsr_comm_iface {
   tsr_status (*recv)(tsr_group_t *g, int peer, void *buf, size_t count, tsr_dtype dt);
   tsr_status (*sendrecv)(tsr_group_t *g, int send_peer, const void *send, size_t send_count,
                          int recv_peer, void *recv, size_t recv_count, tsr_dtype dt);
+  /* Optional. True when the backend moves device memory itself. Otherwise the front stages a
+   * call whose buffers are device memory through host copies around the backend's call. */
+  bool device_memory;
 } tsr_comm_iface;
 
 typedef struct tsr_comm_counter {
@@ -98,6 +101,22 @@ tsr_status tsr_comm_create(const tsr_comm_iface *iface, void *context, int rank,
                            double timeout_s, tsr_comm_t **out);
 /* Frees the comm, its group handles (through iface->group_free) and its counters. */
 void tsr_comm_destroy(tsr_comm_t *c);
+
+/* Host copies of a call's device buffers (comm_stage.c), for backends without device_memory. */
+typedef struct tsr_stage {
+  void *send_host, *recv_host; /* one buffer when the call is in place */
+  void *recv_device;           /* where recv_host goes back to */
+  size_t recv_bytes;
+} tsr_stage;
+
+/* When the backend moves host memory only and *send or *recv is device memory, points them at
+ * host copies (the send side filled). Otherwise changes nothing. Either may be NULL with 0 bytes.
+ */
+tsr_status tsr_stage_begin(const tsr_group_t *g, const void **send, size_t send_bytes, void **recv,
+                           size_t recv_bytes, tsr_stage *s);
+/* After the backend's call: copies the received bytes back to the device when `st` is TSR_OK,
+ * frees the host copies, and returns `st`. */
+tsr_status tsr_stage_end(tsr_stage *s, tsr_status st);
 
 const char *tsr_coll_name(tsr_coll kind);
 

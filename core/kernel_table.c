@@ -1,6 +1,7 @@
 /* The CPU kernel table and the loader of the CUDA one (kernel_table.h). */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,67 @@
 #ifndef TSR_CUDA_INSTALL_LIB
 #define TSR_CUDA_INSTALL_LIB ""
 #endif
+
+/* ---- the CPU's memory entries ---- */
+
+static bool cpu_owns(const void *p) {
+  (void)p;
+  return false;
+}
+static tsr_status cpu_allocator_init(tsr_allocator *a, int ordinal) {
+  (void)ordinal;
+  tsr_allocator_init_cpu(a);
+  return TSR_OK;
+}
+static void cpu_allocator_release(tsr_allocator *a) {
+  (void)a;
+}
+static void cpu_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_zero(void *dst, size_t bytes) {
+  if (bytes) memset(dst, 0, bytes);
+}
+static tsr_status cpu_sync(void) {
+  return TSR_OK;
+}
+
+void tsr_copy_strided_host(void *dst, const int64_t *dst_stride, const void *src,
+                           const int64_t *src_stride, const int64_t *shape, int ndim,
+                           size_t elem_size) {
+  int64_t numel = 1;
+  for (int d = 0; d < ndim; d++) numel *= shape[d];
+  if (numel == 0) return;
+  if (ndim == 0) {
+    memcpy(dst, src, elem_size);
+    return;
+  }
+  /* The innermost dim is a tight loop; the outer dims advance an index odometer. */
+  int64_t idx[TSR_MAX_DIMS] = {0};
+  int64_t inner = shape[ndim - 1], es = (int64_t)elem_size;
+  int64_t ds = dst_stride[ndim - 1] * es, ss = src_stride[ndim - 1] * es;
+  for (int64_t done = 0; done < numel; done += inner) {
+    int64_t doff = 0, soff = 0;
+    for (int d = 0; d < ndim - 1; d++) {
+      doff += idx[d] * dst_stride[d];
+      soff += idx[d] * src_stride[d];
+    }
+    char *drow = (char *)dst + doff * es;
+    const char *srow = (const char *)src + soff * es;
+    if (ds == es && ss == es)
+      memcpy(drow, srow, (size_t)(inner * es));
+    else
+      for (int64_t i = 0; i < inner; i++) memcpy(drow + i * ds, srow + i * ss, elem_size);
+    for (int d = ndim - 2; d >= 0; d--) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+void tsr_add_host(float *y, const float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
 
 static const tsr_kernel_table cpu_table = {
     .abi = TSR_KERNEL_TABLE_ABI,
@@ -53,6 +115,16 @@ static const tsr_kernel_table cpu_table = {
     .global_norm = tsr_kernel_global_norm,
     .clip_coef = tsr_kernel_clip_coef,
     .scale = tsr_kernel_scale,
+    .owns = cpu_owns,
+    .allocator_init = cpu_allocator_init,
+    .allocator_release = cpu_allocator_release,
+    .copy_h2d = cpu_copy,
+    .copy_d2h = cpu_copy,
+    .copy_d2d = cpu_copy,
+    .zero = cpu_zero,
+    .copy_strided = tsr_copy_strided_host,
+    .add = tsr_add_host,
+    .sync = cpu_sync,
 };
 
 const tsr_kernel_table *tsr_kernel_table_cpu(void) {
@@ -68,6 +140,8 @@ bool tsr_kernel_table_cuda_built(void) {
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static const tsr_kernel_table *cuda_table;
 static char cuda_why[2048];
+/* cuda_table once open, readable without the once (tsr_kernel_table_of_ptr). */
+static _Atomic(const tsr_kernel_table *) cuda_open;
 
 static void open_cuda(void) {
   if (!TSR_CUDA_BUILT) {
@@ -124,6 +198,7 @@ static void open_cuda(void) {
     return;
   }
   cuda_table = t;
+  atomic_store_explicit(&cuda_open, t, memory_order_release);
 }
 
 tsr_status tsr_kernel_table_cuda(const tsr_kernel_table **out) {
@@ -138,9 +213,53 @@ tsr_status tsr_kernel_table_for(tsr_device dev, const tsr_kernel_table **out) {
     case TSR_DEVICE_CPU:
       *out = &cpu_table;
       return TSR_OK;
+    case TSR_DEVICE_EMU:
+      *out = tsr_kernel_table_emu();
+      return TSR_OK;
     case TSR_DEVICE_CUDA:
       return tsr_kernel_table_cuda(out);
   }
   *out = NULL;
   return TSR_ERROR(TSR_EINVAL, "kernel table: unknown device kind %d", (int)dev.kind);
+}
+
+const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t) {
+  tsr_device dev = tsr_tensor_device(t);
+  if (dev.kind == TSR_DEVICE_CPU) return &cpu_table;
+  if (dev.kind == TSR_DEVICE_EMU) return tsr_kernel_table_emu();
+  const tsr_kernel_table *k = NULL;
+  return tsr_kernel_table_for(dev, &k) == TSR_OK ? k : &cpu_table;
+}
+
+const tsr_kernel_table *tsr_kernel_table_of_ptr(const void *p) {
+  if (tsr_emu_owns(p)) return tsr_kernel_table_emu();
+  /* Only a table that is already open can own memory; asking must not open the library. */
+  const tsr_kernel_table *cuda = atomic_load_explicit(&cuda_open, memory_order_acquire);
+  if (cuda && cuda->owns(p)) return cuda;
+  return &cpu_table;
+}
+
+void tsr_memcpy_any(void *dst, const void *src, size_t bytes) {
+  if (!bytes) return;
+  const tsr_kernel_table *kd = tsr_kernel_table_of_ptr(dst), *ks = tsr_kernel_table_of_ptr(src);
+  if (kd->device == TSR_DEVICE_CPU && ks->device == TSR_DEVICE_CPU)
+    memmove(dst, src, bytes);
+  else if (kd->device == TSR_DEVICE_CPU)
+    ks->copy_d2h(dst, src, bytes);
+  else if (ks->device == TSR_DEVICE_CPU)
+    kd->copy_h2d(dst, src, bytes);
+  else
+    kd->copy_d2d(dst, src, bytes);
+}
+
+const char *tsr_device_name(tsr_device_kind kind) {
+  switch (kind) {
+    case TSR_DEVICE_CPU:
+      return "cpu";
+    case TSR_DEVICE_CUDA:
+      return "cuda";
+    case TSR_DEVICE_EMU:
+      return "emu";
+  }
+  return "?";
 }

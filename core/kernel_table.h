@@ -30,7 +30,7 @@ extern "C" {
 
 /* Raised when a field is added; the core refuses a table whose abi differs or whose struct_size
  * does not cover the fields it reads. */
-#define TSR_KERNEL_TABLE_ABI 1
+#define TSR_KERNEL_TABLE_ABI 2
 
 typedef struct tsr_kernel_table {
   uint32_t abi;         /* TSR_KERNEL_TABLE_ABI of the library that filled it */
@@ -105,6 +105,32 @@ typedef struct tsr_kernel_table {
   double (*global_norm)(const float *const *bufs, const int64_t *sizes, int nbufs);
   float (*clip_coef)(double total_norm, double max_norm);
   void (*scale)(float *x, int64_t n, float s);
+
+  /* ---- Memory of the table's device (ABI 2) ----
+   * What the core needs to keep tensors on a device without touching their bytes from the host.
+   * Byte counts; `h2d` / `d2h` name which side is host memory. Work is ordered after what the
+   * calling thread queued before (CUDA: its compute stream). copy_h2d returns when `src` may be
+   * reused, copy_d2h when `dst` holds the data. Void functions keep their first failure for
+   * `sync`, as the kernels do. */
+
+  /* Whether `p` points into memory of this device (false for every pointer on the CPU table). */
+  bool (*owns)(const void *p);
+  /* Makes `a` the calling thread's allocator on device `ordinal`; for CUDA this also creates the
+   * thread's context (streams, cuBLAS, caching allocator) and makes it current. Every tensor made
+   * from `a` is freed before allocator_release, on the same thread. */
+  tsr_status (*allocator_init)(tsr_allocator *a, int ordinal);
+  void (*allocator_release)(tsr_allocator *a);
+  void (*copy_h2d)(void *dst, const void *src, size_t bytes);
+  void (*copy_d2h)(void *dst, const void *src, size_t bytes);
+  void (*copy_d2d)(void *dst, const void *src, size_t bytes);
+  void (*zero)(void *dst, size_t bytes);
+  /* dst[idx] = src[idx] for every idx of `shape` (ndim <= TSR_MAX_DIMS; ndim 0 is one element),
+   * strides in elements of elem_size bytes (1, 2, 4 or 8), both sides on this device. */
+  void (*copy_strided)(void *dst, const int64_t *dst_stride, const void *src,
+                       const int64_t *src_stride, const int64_t *shape, int ndim, size_t elem_size);
+  void (*add)(float *y, const float *x, int64_t n); /* y[i] += x[i] */
+  /* Waits for the calling thread's queued work; the first failure since the last sync. */
+  tsr_status (*sync)(void);
 } tsr_kernel_table;
 
 /* The table of kernels/cpu. Never NULL. */
@@ -120,9 +146,39 @@ bool tsr_kernel_table_cuda_built(void);
  * Thread-safe; the library stays open for the life of the process. */
 tsr_status tsr_kernel_table_cuda(const tsr_kernel_table **out);
 
-/* The table for tensors on `dev`: the CPU table for TSR_DEVICE_CPU, the CUDA one for
- * TSR_DEVICE_CUDA (with tsr_kernel_table_cuda's errors). */
+/* The emulated device's table (tensor.h, TSR_DEVICE_EMU; core/device_emu.c). Never NULL. */
+const tsr_kernel_table *tsr_kernel_table_emu(void);
+/* Whether `p` is an emulated-device pointer. */
+bool tsr_emu_owns(const void *p);
+
+/* The table for tensors on `dev`: the CPU table for TSR_DEVICE_CPU, the emulated device's for
+ * TSR_DEVICE_EMU, the CUDA one for TSR_DEVICE_CUDA (with tsr_kernel_table_cuda's errors). */
 tsr_status tsr_kernel_table_for(tsr_device dev, const tsr_kernel_table **out);
+
+/* The table of the device a tensor lives on. Never NULL: the allocator that made the tensor's
+ * storage opened that table already. */
+const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t);
+
+/* The table of the device whose memory `p` points into (an emulated or, once the CUDA library
+ * is open, a CUDA pointer), else the CPU table. */
+const tsr_kernel_table *tsr_kernel_table_of_ptr(const void *p);
+
+/* The allocator for a kernel's scratch beside tensor `t`: NULL (the process's untracked CPU
+ * allocator) for a host tensor, `t`'s own allocator for a device tensor. */
+tsr_allocator *tsr_tensor_scratch_allocator(const tsr_tensor *t);
+
+/* A new contiguous tensor in `alloc`'s memory holding `n` host int32 values. */
+tsr_status tsr_tensor_from_i32(tsr_allocator *alloc, int64_t n, const int32_t *host,
+                               tsr_tensor **out);
+
+/* Copies `bytes` between any two pointers, host or device, in either direction. */
+void tsr_memcpy_any(void *dst, const void *src, size_t bytes);
+
+/* The CPU implementations of the memory entries, shared with the emulated device. */
+void tsr_copy_strided_host(void *dst, const int64_t *dst_stride, const void *src,
+                           const int64_t *src_stride, const int64_t *shape, int ndim,
+                           size_t elem_size);
+void tsr_add_host(float *y, const float *x, int64_t n);
 
 /* The symbol libtessera-cuda.so exports: returns its table, or NULL after writing why (no device,
  * ABI mismatch) into why[why_len]. */

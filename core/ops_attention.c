@@ -10,17 +10,18 @@ typedef struct sdpa_saved {
   tsr_op_placements plan;
   bool causal;
   int B, L, Lk, Hq, Hkv, D;
-  int32_t *q_pos, *k_pos; /* (L), (Lk) global positions of the local rows */
-  float *out, *lse;       /* (B, L, Hq, D), (B, Hq, L) */
+  /* On q's device; host ones are untracked, as the kernels' other scratch. */
+  tsr_tensor *q_pos, *k_pos; /* (L), (Lk) i32 global positions of the local rows */
+  tsr_tensor *out, *lse;     /* (B, L, Hq, D), (B, Hq, L) */
 } sdpa_saved;
 
 static void sdpa_saved_free(void *p) {
   sdpa_saved *s = p;
   if (!s) return;
-  free(s->q_pos);
-  free(s->k_pos);
-  free(s->out);
-  free(s->lse);
+  tsr_tensor_free(s->q_pos);
+  tsr_tensor_free(s->k_pos);
+  tsr_tensor_free(s->out);
+  tsr_tensor_free(s->lse);
   free(s);
 }
 
@@ -28,16 +29,22 @@ static float *fdata(const tsr_dtensor *x) {
   return tsr_tensor_data(x->local);
 }
 
-/* Global positions of x's local rows along the sequence dim (1). */
-static int32_t *positions(tsr_tape_t *t, const tsr_dtensor *x, int *L) {
+/* Global positions of x's local rows along the sequence dim (1), on x's device. */
+static tsr_status positions(tsr_tape_t *t, const tsr_dtensor *x, int *L, tsr_tensor **out) {
   int64_t lshape[TSR_MAX_DIMS], lstart[TSR_MAX_DIMS];
   tsr_dtensor_local_shape(x->mesh, x->placements, x->ndim, x->shape, tsr_rank_id(tsr_tape_rank(t)),
                           lshape, lstart);
   *L = (int)lshape[1];
   int32_t *p = malloc(sizeof(int32_t) * (size_t)(*L ? *L : 1));
-  if (p)
-    for (int i = 0; i < *L; i++) p[i] = (int32_t)(lstart[1] + i);
-  return p;
+  if (!p) return TSR_ERROR(TSR_ENOMEM, "out of memory for attention positions");
+  for (int i = 0; i < *L; i++) p[i] = (int32_t)(lstart[1] + i);
+  tsr_status st = tsr_tensor_from_i32(tsr_tensor_scratch_allocator(x->local), *L, p, out);
+  free(p);
+  return st;
+}
+
+static void *data(const tsr_tensor *t) {
+  return tsr_tensor_data(t);
 }
 
 static tsr_status sdpa_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
@@ -52,10 +59,10 @@ static tsr_status sdpa_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
   if (st == TSR_OK) st = tsr_op_new_grad(t, in[1], s->plan.grads[1], &dk);
   if (st == TSR_OK) st = tsr_op_new_grad(t, in[2], s->plan.grads[2], &dv);
   if (st == TSR_OK && g->local)
-    st = tsr_kernel_attention_backward_blhd(fdata(dq), fdata(dk), fdata(dv), fdata(g),
-                                            fdata(in[0]->value), fdata(in[1]->value),
-                                            fdata(in[2]->value), s->out, s->lse, s->q_pos, s->k_pos,
-                                            s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, s->causal);
+    st = tsr_op_kernels(g)->attention_backward_blhd(
+        fdata(dq), fdata(dk), fdata(dv), fdata(g), fdata(in[0]->value), fdata(in[1]->value),
+        fdata(in[2]->value), data(s->out), data(s->lse), data(s->q_pos), data(s->k_pos), s->B,
+        s->Hq, s->Hkv, s->L, s->Lk, s->D, s->causal);
   tsr_dtensor_free(owned);
   tsr_dtensor *grads[3] = {dq, dk, dv};
   for (int i = 0; i < 3; i++) {
@@ -103,21 +110,19 @@ tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool c
     s->Hq = (int)ql[2];
     s->Hkv = (int)kl[2];
     s->D = (int)ql[3];
-    s->q_pos = positions(t, q->value, &s->L);
-    s->k_pos = positions(t, k->value, &s->Lk);
-    size_t nq = (size_t)s->B * s->Hq * s->L * s->D;
-    s->out = malloc(sizeof(float) * (nq ? nq : 1));
-    s->lse = malloc(sizeof(float) * ((size_t)s->B * s->Hq * s->L + 1));
-    if (!s->q_pos || !s->k_pos || !s->out || !s->lse) {
-      sdpa_saved_free(s);
-      return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
-    }
-    float *o = fdata((*out)->value);
-    st = tsr_kernel_attention_forward_blhd(o, s->lse, fdata(q->value), fdata(k->value),
-                                           fdata(v->value), s->q_pos, s->k_pos, s->B, s->Hq, s->Hkv,
-                                           s->L, s->Lk, s->D, causal);
+    tsr_allocator *alloc = tsr_tensor_scratch_allocator(q->value->local);
+    int64_t lse_shape[3] = {s->B, s->Hq, 0};
+    st = positions(t, q->value, &s->L, &s->q_pos);
+    if (st == TSR_OK) st = positions(t, k->value, &s->Lk, &s->k_pos);
+    lse_shape[2] = s->L;
+    if (st == TSR_OK) st = tsr_tensor_new(alloc, TSR_F32, 3, lse_shape, &s->lse);
+    const tsr_tensor *o = (*out)->value->local;
+    if (st == TSR_OK)
+      st = tsr_op_kernels(q->value)->attention_forward_blhd(
+          data(o), data(s->lse), fdata(q->value), fdata(k->value), fdata(v->value), data(s->q_pos),
+          data(s->k_pos), s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, causal);
     /* a copy: the output var may be released before this node's backward runs */
-    if (st == TSR_OK) memcpy(s->out, o, sizeof(float) * nq);
+    if (st == TSR_OK) st = tsr_tensor_to(o, alloc, &s->out);
   }
   if (st != TSR_OK) {
     sdpa_saved_free(s);

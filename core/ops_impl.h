@@ -2,8 +2,14 @@
 #ifndef TESSERA_OPS_IMPL_H
 #define TESSERA_OPS_IMPL_H
 
+#include "kernel_table.h"
 #include "tessera/kernels.h"
 #include "tessera/ops.h"
+
+/* The kernels of the device a DTensor's local tensor lives on. */
+static inline const tsr_kernel_table *tsr_op_kernels(const tsr_dtensor *x) {
+  return tsr_kernel_table_of(x->local);
+}
 
 /* Fails with TSR_EINVAL unless `v` is f32 (or `dt`) with `ndim` dims, naming the op and role. */
 tsr_status tsr_op_check(const char *op, const char *role, const tsr_var *v, tsr_dtype dt, int ndim);

@@ -31,9 +31,9 @@ static tsr_status embedding_backward(tsr_tape_t *t, tsr_var *const *in, int nin,
   tsr_status st = tsr_op_new_grad(t, w, s->plan.grads[1], &dw);
   if (st == TSR_OK && dw->local) {
     const tsr_tensor *wl = w->value->local;
-    st = tsr_kernel_embedding_backward(fdata(dw), fdata(g), tsr_tensor_data(ids->value->local),
-                                       (int)tsr_tensor_numel(ids->value->local), (int)wl->shape[0],
-                                       (int)wl->shape[1]);
+    st = tsr_op_kernels(dw)->embedding_backward(
+        fdata(dw), fdata(g), tsr_tensor_data(ids->value->local),
+        (int)tsr_tensor_numel(ids->value->local), (int)wl->shape[0], (int)wl->shape[1]);
   }
   tsr_dtensor_free(owned);
   if (st != TSR_OK) {
@@ -58,9 +58,11 @@ tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_va
   TSR_CHECK(tsr_op_new_output(t, weight, 3, shape, plan.outputs[0], out));
   if ((*out)->value->local) {
     const tsr_tensor *wl = weight->value->local;
-    TSR_CHECK(tsr_kernel_embedding_forward(
-        fdata((*out)->value), tsr_tensor_data(ids->value->local), fdata(weight->value),
-        (int)tsr_tensor_numel(ids->value->local), (int)wl->shape[0], (int)wl->shape[1]));
+    TSR_CHECK(tsr_op_kernels((*out)->value)
+                  ->embedding_forward(fdata((*out)->value), tsr_tensor_data(ids->value->local),
+                                      fdata(weight->value),
+                                      (int)tsr_tensor_numel(ids->value->local), (int)wl->shape[0],
+                                      (int)wl->shape[1]));
   }
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
@@ -81,8 +83,9 @@ static tsr_status rmsnorm_backward(tsr_tape_t *t, tsr_var *const *in, int nin, t
   if (st == TSR_OK && dx->local) {
     const tsr_tensor *xl = x->value->local;
     int C = (int)xl->shape[xl->ndim - 1];
-    tsr_kernel_rmsnorm_backward(fdata(dx), fdata(dw), fdata(g), fdata(x->value), fdata(w->value),
-                                tsr_tensor_data(s->aux), (int)tsr_op_rows(xl), C);
+    tsr_op_kernels(g)->rmsnorm_backward(fdata(dx), fdata(dw), fdata(g), fdata(x->value),
+                                        fdata(w->value), tsr_tensor_data(s->aux),
+                                        (int)tsr_op_rows(xl), C);
   }
   tsr_dtensor_free(owned);
   if (st == TSR_OK) {
@@ -127,9 +130,10 @@ tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps,
       tsr_op_saved_free(s);
       return st;
     }
-    tsr_kernel_rmsnorm_forward(fdata((*out)->value), tsr_tensor_data(s->aux), fdata(xv),
-                               fdata(weight->value), (int)rows, (int)xv->local->shape[xv->ndim - 1],
-                               eps);
+    tsr_op_kernels((*out)->value)
+        ->rmsnorm_forward(fdata((*out)->value), tsr_tensor_data(s->aux), fdata(xv),
+                          fdata(weight->value), (int)rows, (int)xv->local->shape[xv->ndim - 1],
+                          eps);
   }
   return tsr_tape_record(t, "rmsnorm", in, 2, out, 1, rmsnorm_backward, s, tsr_op_saved_free);
 }
@@ -148,9 +152,9 @@ static tsr_status linear_backward(tsr_tape_t *t, tsr_var *const *in, int nin, ts
   if (st == TSR_OK && w->requires_grad) st = tsr_op_new_grad(t, w, s->plan.grads[1], &dw);
   if (st == TSR_OK && g->local) {
     const tsr_tensor *xl = x->value->local, *wl = w->value->local;
-    tsr_kernel_matmul_backward(dx ? fdata(dx) : NULL, dw ? fdata(dw) : NULL, NULL, fdata(g),
-                               fdata(x->value), fdata(w->value), (int)tsr_op_rows(xl),
-                               (int)wl->shape[1], (int)wl->shape[0]);
+    tsr_op_kernels(g)->matmul_backward(dx ? fdata(dx) : NULL, dw ? fdata(dw) : NULL, NULL, fdata(g),
+                                       fdata(x->value), fdata(w->value), (int)tsr_op_rows(xl),
+                                       (int)wl->shape[1], (int)wl->shape[0]);
   }
   tsr_dtensor_free(owned);
   if (st == TSR_OK && dx) {
@@ -196,8 +200,8 @@ tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **o
                        "linear: the placements planned for '%s' give local shapes "
                        "that do not multiply",
                        weight->name ? weight->name : "");
-    tsr_kernel_matmul_forward(fdata(ov), fdata(xv), fdata(wv), NULL, (int)tsr_op_rows(xl),
-                              (int)wl->shape[1], (int)wl->shape[0]);
+    tsr_op_kernels(ov)->matmul_forward(fdata(ov), fdata(xv), fdata(wv), NULL, (int)tsr_op_rows(xl),
+                                       (int)wl->shape[1], (int)wl->shape[0]);
   }
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
@@ -217,10 +221,15 @@ static tsr_status rope_tables(tsr_tape_t *t, const tsr_dtensor *x, float theta, 
   int32_t *pos = malloc(sizeof(int32_t) * (size_t)(L ? L : 1));
   if (!pos) return TSR_ERROR(TSR_ENOMEM, "out of memory for rope positions");
   for (int i = 0; i < L; i++) pos[i] = (int32_t)(lstart[1] + i);
-  tsr_status st = tsr_tensor_new(NULL, TSR_F32, 2, tshape, cs);
-  if (st == TSR_OK) st = tsr_tensor_new(NULL, TSR_F32, 2, tshape, sn);
+  tsr_allocator *alloc = tsr_tensor_scratch_allocator(x->local);
+  tsr_tensor *dpos = NULL;
+  tsr_status st = tsr_tensor_new(alloc, TSR_F32, 2, tshape, cs);
+  if (st == TSR_OK) st = tsr_tensor_new(alloc, TSR_F32, 2, tshape, sn);
+  if (st == TSR_OK) st = tsr_tensor_from_i32(alloc, L, pos, &dpos);
   if (st == TSR_OK)
-    st = tsr_kernel_rope_tables(tsr_tensor_data(*cs), tsr_tensor_data(*sn), pos, L, D, theta);
+    st = tsr_op_kernels(x)->rope_tables(tsr_tensor_data(*cs), tsr_tensor_data(*sn),
+                                        tsr_tensor_data(dpos), L, D, theta);
+  tsr_tensor_free(dpos);
   free(pos);
   return st;
 }
@@ -235,8 +244,9 @@ static tsr_status rope_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
   tsr_status st = tsr_op_new_grad(t, x, s->plan.grads[0], &dx);
   if (st == TSR_OK && dx->local) {
     const int64_t *ls = x->value->local->shape;
-    tsr_kernel_rope_backward(fdata(dx), fdata(g), tsr_tensor_data(s->aux), tsr_tensor_data(s->aux2),
-                             (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
+    tsr_op_kernels(g)->rope_backward(fdata(dx), fdata(g), tsr_tensor_data(s->aux),
+                                     tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2],
+                                     (int)ls[3]);
   }
   tsr_dtensor_free(owned);
   if (st != TSR_OK) {
@@ -268,9 +278,9 @@ tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
       return st;
     }
     const int64_t *ls = x->value->local->shape;
-    tsr_kernel_rope_forward(fdata((*out)->value), fdata(x->value), tsr_tensor_data(s->aux),
-                            tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2],
-                            (int)ls[3]);
+    tsr_op_kernels((*out)->value)
+        ->rope_forward(fdata((*out)->value), fdata(x->value), tsr_tensor_data(s->aux),
+                       tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
   }
   return tsr_tape_record(t, "rope", &x, 1, out, 1, rope_backward, s, tsr_op_saved_free);
 }
@@ -286,8 +296,8 @@ static tsr_status swiglu_backward(tsr_tape_t *t, tsr_var *const *in, int nin, ts
   tsr_status st = tsr_op_new_grad(t, in[0], s->plan.grads[0], &dg);
   if (st == TSR_OK) st = tsr_op_new_grad(t, in[1], s->plan.grads[1], &du);
   if (st == TSR_OK && dg->local)
-    tsr_kernel_swiglu_backward(fdata(dg), fdata(du), fdata(g), fdata(in[0]->value),
-                               fdata(in[1]->value), tsr_tensor_numel(dg->local));
+    tsr_op_kernels(g)->swiglu_backward(fdata(dg), fdata(du), fdata(g), fdata(in[0]->value),
+                                       fdata(in[1]->value), tsr_tensor_numel(dg->local));
   tsr_dtensor_free(owned);
   if (st == TSR_OK) {
     st = tsr_var_accumulate_grad(t, in[0], dg);
@@ -318,8 +328,9 @@ tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **ou
   TSR_CHECK(
       tsr_op_new_output(t, gate, gate->value->ndim, gate->value->shape, plan.outputs[0], out));
   if ((*out)->value->local)
-    tsr_kernel_swiglu_forward(fdata((*out)->value), fdata(gate->value), fdata(up->value),
-                              tsr_tensor_numel((*out)->value->local));
+    tsr_op_kernels((*out)->value)
+        ->swiglu_forward(fdata((*out)->value), fdata(gate->value), fdata(up->value),
+                         tsr_tensor_numel((*out)->value->local));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
   return tsr_tape_record(t, "swiglu", in, 2, out, 1, swiglu_backward, s, tsr_op_saved_free);
@@ -337,10 +348,11 @@ static tsr_status cross_entropy_backward(tsr_tape_t *t, tsr_var *const *in, int 
   tsr_status st = tsr_op_new_grad(t, logits, s->plan.grads[0], &dl);
   if (st == TSR_OK && dl->local && s->scale > 0) {
     const tsr_tensor *ll = logits->value->local;
-    float loss;
-    st = tsr_kernel_cross_entropy(&loss, NULL, fdata(dl), fdata(logits->value),
-                                  tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll),
-                                  (int)ll->shape[2], *fdata(g) * s->scale);
+    float loss, dloss;
+    tsr_memcpy_any(&dloss, fdata(g), sizeof dloss);
+    st = tsr_op_kernels(dl)->cross_entropy(
+        &loss, NULL, fdata(dl), fdata(logits->value), tsr_tensor_data(labels->value->local),
+        (int)tsr_op_rows(ll), (int)ll->shape[2], dloss * s->scale);
   }
   tsr_dtensor_free(owned);
   if (st != TSR_OK) {
@@ -356,8 +368,12 @@ static tsr_status count_valid(tsr_tape_t *t, const tsr_var *labels, const tsr_pl
                               int64_t *local, int64_t *global) {
   const tsr_dtensor *lv = labels->value;
   *local = 0;
-  const int32_t *lab = tsr_tensor_data(lv->local);
+  tsr_tensor *host = NULL;
+  if (tsr_tensor_device(lv->local).kind != TSR_DEVICE_CPU)
+    TSR_CHECK(tsr_tensor_to(lv->local, NULL, &host)); /* the labels are small; one transfer */
+  const int32_t *lab = tsr_tensor_data(host ? host : lv->local);
   for (int64_t i = 0, n = tsr_tensor_numel(lv->local); i < n; i++) *local += lab[i] != -100;
+  tsr_tensor_free(host);
   *global = *local;
   uint32_t mask = 0;
   for (int i = 0; i < tsr_mesh_ndim(lv->mesh); i++)
@@ -392,15 +408,16 @@ tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels,
      * valid tokens: shards of uneven size or with many ignored labels weigh what they hold. */
     s->scale = global > 0 ? (float)local / (float)global : 0.0f;
     const tsr_tensor *ll = lv->local;
-    float *loss = fdata((*out)->value);
+    float loss = 0.0f; /* a host value on every device; stored into the output below */
     if (st == TSR_OK && local > 0) {
-      st = tsr_kernel_cross_entropy(loss, NULL, NULL, fdata(lv),
-                                    tsr_tensor_data(labels->value->local), (int)tsr_op_rows(ll),
-                                    (int)ll->shape[2], 1.0f);
-      *loss *= s->scale;
+      st = tsr_op_kernels(lv)->cross_entropy(&loss, NULL, NULL, fdata(lv),
+                                             tsr_tensor_data(labels->value->local),
+                                             (int)tsr_op_rows(ll), (int)ll->shape[2], 1.0f);
+      loss *= s->scale;
     } else if (st == TSR_OK && global == 0) {
-      *loss = NAN; /* as F.cross_entropy when every label is ignored */
+      loss = NAN; /* as F.cross_entropy when every label is ignored */
     }
+    if (st == TSR_OK) tsr_memcpy_any(fdata((*out)->value), &loss, sizeof loss);
     if (st != TSR_OK) {
       tsr_op_saved_free(s);
       return st;

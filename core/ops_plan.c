@@ -164,10 +164,10 @@ tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out) {
   if (handled) return TSR_OK;
   TSR_CHECK(tsr_op_new_output(t, a, a->value->ndim, a->value->shape, plan.outputs[0], out));
   if ((*out)->value->local) {
-    float *o = tsr_tensor_data((*out)->value->local);
-    const float *pa = tsr_tensor_data(a->value->local), *pb = tsr_tensor_data(b->value->local);
-    for (int64_t i = 0, n = tsr_tensor_numel((*out)->value->local); i < n; i++)
-      o[i] = pa[i] + pb[i];
+    const tsr_tensor *o = (*out)->value->local;
+    const tsr_kernel_table *k = tsr_kernel_table_of(o);
+    k->copy_d2d(tsr_tensor_data(o), tsr_tensor_data(a->value->local), tsr_tensor_nbytes(o));
+    k->add(tsr_tensor_data(o), tsr_tensor_data(b->value->local), tsr_tensor_numel(o));
   }
   return tsr_tape_record(t, "add", in, 2, out, 1, add_backward, NULL, NULL);
 }
@@ -220,7 +220,8 @@ static tsr_status view_to(tsr_tape_t *t, const tsr_dtensor *x, int ndim, const i
     *out = NULL;
     return TSR_ERROR(TSR_EINTERNAL, "view: local sizes disagree");
   }
-  memcpy(tsr_tensor_data((*out)->local), tsr_tensor_data(x->local), tsr_tensor_nbytes(x->local));
+  tsr_kernel_table_of(x->local)->copy_d2d(tsr_tensor_data((*out)->local), tsr_tensor_data(x->local),
+                                          tsr_tensor_nbytes(x->local));
   return TSR_OK;
 }
 

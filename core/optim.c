@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_table.h"
 #include "tessera/kernels.h"
 #include "tessera/optim.h"
 
@@ -131,10 +132,10 @@ tsr_status tsr_adamw_step(tsr_adamw_t *o, double lr) {
     tsr_var *p = o->params[i];
     if (!p->value->local) continue;
     const tsr_tensor *g = p->grad->local;
-    tsr_kernel_adamw(tsr_tensor_data(p->value->local), tsr_tensor_data(g),
-                     tsr_tensor_data(o->exp_avg[i]->local),
-                     tsr_tensor_data(o->exp_avg_sq[i]->local), tsr_tensor_numel(g), (int)o->step,
-                     lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay);
+    tsr_kernel_table_of(g)->adamw(
+        tsr_tensor_data(p->value->local), tsr_tensor_data(g), tsr_tensor_data(o->exp_avg[i]->local),
+        tsr_tensor_data(o->exp_avg_sq[i]->local), tsr_tensor_numel(g), (int)o->step, lr,
+        o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay);
   }
   return TSR_OK;
 }
@@ -235,7 +236,8 @@ tsr_status tsr_grad_norm(tsr_rank_t *r, const tsr_mesh_t *job_mesh, int n, tsr_v
     int k = 0;
     while (k < nparts && !(parts[k].mask == mask && parts[k].mesh == g->mesh)) k++;
     if (k == nparts) parts[nparts++] = (norm_part){g->mesh, mask, 0.0};
-    parts[k].sum += tsr_kernel_sum_squares(tsr_tensor_data(g->local), tsr_tensor_numel(g->local));
+    parts[k].sum += tsr_kernel_table_of(g->local)->sum_squares(tsr_tensor_data(g->local),
+                                                               tsr_tensor_numel(g->local));
   }
   double total = 0.0;
   for (int k = 0; k < nparts; k++) {
@@ -267,7 +269,8 @@ tsr_status tsr_clip_grad_norm(tsr_rank_t *r, const tsr_mesh_t *job_mesh, int n,
   for (int i = 0; i < n; i++) {
     tsr_dtensor *g = params[i]->grad;
     if (g && g->local)
-      tsr_kernel_scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local), coef);
+      tsr_kernel_table_of(g->local)->scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local),
+                                           coef);
   }
   return TSR_OK;
 }

@@ -1,12 +1,14 @@
 /* The per-rank context. */
 #include <stdlib.h>
 
+#include "kernel_table.h"
 #include "tessera/rank.h"
 
 struct tsr_rank_t {
   tsr_comm_t *comm;               /* borrowed */
   const tsr_registry_t *registry; /* borrowed, may be NULL */
   tsr_allocator alloc;            /* this rank's memory, counted */
+  const tsr_kernel_table *device; /* the table whose allocator_init made alloc */
 };
 
 tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_rank_t **out) {
@@ -17,11 +19,33 @@ tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_ra
   r->comm = comm;
   r->registry = registry;
   tsr_allocator_init_cpu(&r->alloc);
+  r->device = tsr_kernel_table_cpu();
   *out = r;
   return TSR_OK;
 }
 
+tsr_status tsr_rank_set_device(tsr_rank_t *r, tsr_device dev) {
+  if (r->alloc.bytes_in_use)
+    return TSR_ERROR(TSR_EINVAL,
+                     "rank %d: set the device before making tensors (%zu bytes are in use)",
+                     tsr_rank_id(r), r->alloc.bytes_in_use);
+  const tsr_kernel_table *k = NULL;
+  TSR_CHECK(tsr_kernel_table_for(dev, &k));
+  tsr_allocator a;
+  TSR_CHECK(k->allocator_init(&a, dev.index));
+  r->device->allocator_release(&r->alloc);
+  r->alloc = a;
+  r->device = k;
+  return TSR_OK;
+}
+
+tsr_device tsr_rank_device(const tsr_rank_t *r) {
+  return r->alloc.device;
+}
+
 void tsr_rank_free(tsr_rank_t *r) {
+  if (!r) return;
+  r->device->allocator_release(&r->alloc);
   free(r);
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_table.h"
 #include "tessera/tensor.h"
 
 struct tsr_storage {
@@ -176,6 +177,12 @@ static tsr_allocator untracked_cpu = {cpu_alloc, cpu_free, NULL, {TSR_DEVICE_CPU
 
 /* ---- tensors ---- */
 
+/* The table of a device an allocator serves; the allocator's creation opened it already. */
+static const tsr_kernel_table *device_kernels(tsr_device dev) {
+  const tsr_kernel_table *k = NULL;
+  return tsr_kernel_table_for(dev, &k) == TSR_OK ? k : tsr_kernel_table_cpu();
+}
+
 static void set_contiguous_strides(tsr_tensor *t) {
   int64_t s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
@@ -222,7 +229,10 @@ tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim, const in
     return TSR_ERROR(TSR_ENOMEM, "out of memory allocating a %s tensor of shape %s (%zu bytes)",
                      tsr_dtype_name(dt), tsr_shape_str(ndim, shape, buf, sizeof buf), bytes);
   }
-  if (alloc->device.kind == TSR_DEVICE_CPU) memset(s->data, 0, s->bytes);
+  if (alloc->device.kind == TSR_DEVICE_CPU)
+    memset(s->data, 0, s->bytes);
+  else
+    device_kernels(alloc->device)->zero(s->data, s->bytes);
   atomic_init(&s->refs, 1);
   t->storage = s;
   *out = t;
@@ -363,35 +373,8 @@ static void next_index(int ndim, const int64_t *shape, int64_t *idx) {
   }
 }
 
-/* Copies every element of a shape, row-major, between two strided tensors. The innermost dim is a
- * tight loop; the outer dims advance an index odometer. */
-static void strided_pair_walk(const tsr_tensor *dst, const tsr_tensor *src, char *dp,
-                              const char *sp, size_t esize) {
-  int nd = dst->ndim;
-  int64_t numel = tsr_tensor_numel(dst);
-  if (numel == 0) return;
-  if (nd == 0) {
-    memcpy(dp, sp, esize);
-    return;
-  }
-  int64_t idx[TSR_MAX_DIMS] = {0};
-  int64_t inner = dst->shape[nd - 1];
-  int64_t ds = dst->stride[nd - 1] * (int64_t)esize, ss = src->stride[nd - 1] * (int64_t)esize;
-  for (int64_t done = 0; done < numel; done += inner) {
-    int64_t doff = 0, soff = 0;
-    for (int d = 0; d < nd - 1; d++) {
-      doff += idx[d] * dst->stride[d];
-      soff += idx[d] * src->stride[d];
-    }
-    char *drow = dp + doff * (int64_t)esize;
-    const char *srow = sp + soff * (int64_t)esize;
-    if (ds == (int64_t)esize && ss == (int64_t)esize) {
-      memcpy(drow, srow, (size_t)inner * esize);
-    } else {
-      for (int64_t i = 0; i < inner; i++) memcpy(drow + i * ds, srow + i * ss, esize);
-    }
-    next_index(nd - 1, dst->shape, idx);
-  }
+static bool on_host(const tsr_tensor *t) {
+  return tsr_tensor_device(t).kind == TSR_DEVICE_CPU;
 }
 
 tsr_status tsr_tensor_copy(tsr_tensor *dst, const tsr_tensor *src) {
@@ -405,8 +388,50 @@ tsr_status tsr_tensor_copy(tsr_tensor *dst, const tsr_tensor *src) {
     return TSR_ERROR(TSR_EINVAL, "copy: shape %s into %s",
                      tsr_shape_str(src->ndim, src->shape, a, sizeof a),
                      tsr_shape_str(dst->ndim, dst->shape, b, sizeof b));
-  strided_pair_walk(dst, src, tsr_tensor_data(dst), tsr_tensor_data(src),
-                    tsr_dtype_size(dst->dtype));
+  size_t es = tsr_dtype_size(dst->dtype);
+  if (tsr_tensor_device(dst).kind == tsr_tensor_device(src).kind) {
+    /* CPU to CPU, or within one device (two virtual ranks of one GPU included). */
+    const tsr_kernel_table *k = tsr_kernel_table_of(dst);
+    if (tsr_tensor_is_contiguous(dst) && tsr_tensor_is_contiguous(src))
+      k->copy_d2d(tsr_tensor_data(dst), tsr_tensor_data(src), tsr_tensor_nbytes(dst));
+    else
+      k->copy_strided(tsr_tensor_data(dst), dst->stride, tsr_tensor_data(src), src->stride,
+                      dst->shape, dst->ndim, es);
+    return TSR_OK;
+  }
+  /* Across devices the transfer is one contiguous block; a strided side is packed (or unpacked)
+   * on its own device first. */
+  tsr_status st = TSR_OK;
+  tsr_tensor *packed_src = NULL, *packed_dst = NULL;
+  if (!tsr_tensor_is_contiguous(src)) TSR_CHECK_GOTO(tsr_tensor_clone(src, &packed_src), st);
+  if (!tsr_tensor_is_contiguous(dst)) TSR_CHECK_GOTO(tsr_tensor_clone(dst, &packed_dst), st);
+  tsr_memcpy_any(tsr_tensor_data(packed_dst ? packed_dst : dst),
+                 tsr_tensor_data(packed_src ? packed_src : src), tsr_tensor_nbytes(dst));
+  if (packed_dst) st = tsr_tensor_copy(dst, packed_dst);
+cleanup:
+  tsr_tensor_free(packed_src);
+  tsr_tensor_free(packed_dst);
+  return st;
+}
+
+tsr_status tsr_tensor_to(const tsr_tensor *src, tsr_allocator *alloc, tsr_tensor **out) {
+  TSR_CHECK(tsr_tensor_new(alloc, src->dtype, src->ndim, src->shape, out));
+  tsr_status st = tsr_tensor_copy(*out, src);
+  if (st != TSR_OK) {
+    tsr_tensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
+tsr_allocator *tsr_tensor_scratch_allocator(const tsr_tensor *t) {
+  return on_host(t) ? NULL : t->storage->alloc;
+}
+
+tsr_status tsr_tensor_from_i32(tsr_allocator *alloc, int64_t n, const int32_t *host,
+                               tsr_tensor **out) {
+  TSR_CHECK(tsr_tensor_new(alloc, TSR_I32, 1, &n, out));
+  tsr_memcpy_any(tsr_tensor_data(*out), host, (size_t)n * sizeof *host);
   return TSR_OK;
 }
 
@@ -467,16 +492,39 @@ static void store(void *p, tsr_dtype dt, double v) {
 }
 
 double tsr_tensor_get(const tsr_tensor *t, const int64_t *idx) {
-  return load(elem_ptr(t, idx), t->dtype);
+  if (on_host(t)) return load(elem_ptr(t, idx), t->dtype);
+  char v[8];
+  tsr_kernel_table_of(t)->copy_d2h(v, elem_ptr(t, idx), tsr_dtype_size(t->dtype));
+  return load(v, t->dtype);
 }
 
 void tsr_tensor_set(tsr_tensor *t, const int64_t *idx, double v) {
-  store(elem_ptr(t, idx), t->dtype, v);
+  if (on_host(t)) {
+    store(elem_ptr(t, idx), t->dtype, v);
+    return;
+  }
+  char b[8];
+  store(b, t->dtype, v);
+  tsr_kernel_table_of(t)->copy_h2d(elem_ptr(t, idx), b, tsr_dtype_size(t->dtype));
+}
+
+/* A host tensor holding `t`'s values: `t` itself on the CPU, else a copy in *tmp (freed by the
+ * caller). NULL when the copy cannot be made. */
+static const tsr_tensor *host_view(const tsr_tensor *t, tsr_tensor **tmp) {
+  *tmp = NULL;
+  if (on_host(t)) return t;
+  return tsr_tensor_to(t, NULL, tmp) == TSR_OK ? *tmp : NULL;
 }
 
 void tsr_tensor_zero(tsr_tensor *t) {
   if (tsr_tensor_is_contiguous(t)) {
-    memset(tsr_tensor_data(t), 0, tsr_tensor_nbytes(t));
+    tsr_kernel_table_of(t)->zero(tsr_tensor_data(t), tsr_tensor_nbytes(t));
+    return;
+  }
+  if (!on_host(t)) {
+    tsr_tensor *z = NULL;
+    if (tsr_tensor_new(NULL, t->dtype, t->ndim, t->shape, &z) == TSR_OK) tsr_tensor_copy(t, z);
+    tsr_tensor_free(z);
     return;
   }
   int64_t idx[TSR_MAX_DIMS] = {0}, n = tsr_tensor_numel(t);
@@ -487,6 +535,15 @@ void tsr_tensor_zero(tsr_tensor *t) {
 }
 
 void tsr_tensor_fill_arange(tsr_tensor *t, double scale, double bias) {
+  if (!on_host(t)) {
+    tsr_tensor *h = NULL;
+    if (tsr_tensor_new(NULL, t->dtype, t->ndim, t->shape, &h) == TSR_OK) {
+      tsr_tensor_fill_arange(h, scale, bias);
+      tsr_tensor_copy(t, h);
+    }
+    tsr_tensor_free(h);
+    return;
+  }
   int64_t idx[TSR_MAX_DIMS] = {0}, n = tsr_tensor_numel(t);
   for (int64_t i = 0; i < n; i++) {
     tsr_tensor_set(t, idx, (double)i * scale + bias);
@@ -495,6 +552,13 @@ void tsr_tensor_fill_arange(tsr_tensor *t, double scale, double bias) {
 }
 
 tsr_status tsr_tensor_cast(const tsr_tensor *src, tsr_dtype dt, tsr_tensor **out) {
+  if (!on_host(src)) {
+    tsr_tensor *h = NULL;
+    TSR_CHECK(tsr_tensor_to(src, NULL, &h));
+    tsr_status st = tsr_tensor_cast(h, dt, out);
+    tsr_tensor_free(h);
+    return st;
+  }
   TSR_CHECK(tsr_tensor_new(NULL, dt, src->ndim, src->shape, out));
   int64_t idx[TSR_MAX_DIMS] = {0}, n = tsr_tensor_numel(src);
   size_t es = tsr_dtype_size(dt);
@@ -533,7 +597,9 @@ tsr_status tsr_tensor_cat(tsr_tensor *const *parts, int n, int dim, tsr_tensor *
   }
   tsr_status st = TSR_OK;
   tsr_tensor *full = NULL, *slot = NULL;
-  TSR_CHECK_GOTO(tsr_tensor_new(NULL, p0->dtype, p0->ndim, shape, &full), st);
+  /* Device parts stay on their device; host parts give an untracked host tensor, as before. */
+  tsr_allocator *alloc = on_host(p0) ? NULL : p0->storage->alloc;
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, p0->dtype, p0->ndim, shape, &full), st);
   int64_t at = 0;
   for (int i = 0; i < n; i++) {
     TSR_CHECK_GOTO(tsr_tensor_narrow(full, dim, at, parts[i]->shape[dim], &slot), st);
@@ -554,6 +620,14 @@ bool tsr_tensor_equal(const tsr_tensor *a, const tsr_tensor *b) {
   if (a->ndim != b->ndim || a->dtype != b->dtype) return false;
   for (int d = 0; d < a->ndim; d++)
     if (a->shape[d] != b->shape[d]) return false;
+  if (!on_host(a) || !on_host(b)) {
+    tsr_tensor *ta = NULL, *tb = NULL;
+    const tsr_tensor *ha = host_view(a, &ta), *hb = host_view(b, &tb);
+    bool eq = ha && hb && tsr_tensor_equal(ha, hb);
+    tsr_tensor_free(ta);
+    tsr_tensor_free(tb);
+    return eq;
+  }
   int64_t idx[TSR_MAX_DIMS] = {0}, n = tsr_tensor_numel(a);
   size_t es = tsr_dtype_size(a->dtype);
   for (int64_t i = 0; i < n; i++) {

@@ -21,6 +21,13 @@ typedef struct tsr_registry_t tsr_registry_t; /* see tessera/registry.h */
  * the DTensors the core makes, and tsr_dtensor_full_tensor's results) must be freed before
  * tsr_rank_free; copy one with tsr_tensor_cast to keep it longer. */
 tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_rank_t **out);
+/* Moves the rank to device `dev` (cpu, cuda with its ordinal, or emu): its allocator becomes that
+ * device's, so every tensor the core makes for this rank lives there. Call it on the rank's own
+ * thread, before any tensor is made from the rank's allocator (else TSR_EINVAL). TSR_ENOTSUP when
+ * this build or machine has no such device, with the reason. */
+tsr_status tsr_rank_set_device(tsr_rank_t *r, tsr_device dev);
+tsr_device tsr_rank_device(const tsr_rank_t *r);
+/* Frees the context (and releases its device, on the thread that set it). NULL is a no-op. */
 void tsr_rank_free(tsr_rank_t *r);
 
 int tsr_rank_id(const tsr_rank_t *r);

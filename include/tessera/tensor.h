@@ -38,7 +38,18 @@ uint16_t tsr_f32_to_bf16(float f);
 float tsr_f16_to_f32(uint16_t h);
 uint16_t tsr_f32_to_f16(float f);
 
-typedef enum tsr_device_kind { TSR_DEVICE_CPU = 0, TSR_DEVICE_CUDA = 1 } tsr_device_kind;
+/* TSR_DEVICE_EMU is a device emulated on the CPU for testing device code without a GPU: its
+ * memory is host memory behind pointers the host cannot dereference (a touch from host code
+ * faults at once), and its kernels are the CPU kernels. A run on it computes exactly what the same
+ * run on the CPU computes, so any difference, or a crash, is a place where code reads or writes
+ * device memory from the host. */
+typedef enum tsr_device_kind {
+  TSR_DEVICE_CPU = 0,
+  TSR_DEVICE_CUDA = 1,
+  TSR_DEVICE_EMU = 2
+} tsr_device_kind;
+
+const char *tsr_device_name(tsr_device_kind kind); /* "cpu", "cuda", "emu"; "?" otherwise */
 
 typedef struct tsr_device {
   tsr_device_kind kind;
@@ -102,15 +113,20 @@ tsr_status tsr_tensor_permute(const tsr_tensor *t, const int *perm, tsr_tensor *
 tsr_status tsr_tensor_reshape(const tsr_tensor *t, int ndim, const int64_t *shape,
                               tsr_tensor **out);
 
-/* Element-wise copy between tensors of the same shape and dtype, any strides. */
+/* Element-wise copy between tensors of the same shape and dtype, any strides, on any devices
+ * (host to device, device to host, within a device). */
 tsr_status tsr_tensor_copy(tsr_tensor *dst, const tsr_tensor *src);
-/* A contiguous copy of `src` converted to `dt` (through f64 for integers, f32 for floats). */
+/* A new contiguous copy of `src` in `alloc`'s memory (NULL: the process's CPU allocator), on
+ * whatever device either lives: how data enters and leaves a device. */
+tsr_status tsr_tensor_to(const tsr_tensor *src, tsr_allocator *alloc, tsr_tensor **out);
+/* A contiguous host copy of `src` converted to `dt` (through f64 for integers, f32 for floats). */
 tsr_status tsr_tensor_cast(const tsr_tensor *src, tsr_dtype dt, tsr_tensor **out);
 /* Concatenates `n` tensors along `dim` into a new contiguous tensor. */
 tsr_status tsr_tensor_cat(tsr_tensor *const *parts, int n, int dim, tsr_tensor **out);
 void tsr_tensor_zero(tsr_tensor *t);
 
-/* Element access for tests and I/O, with the value widened to double. `idx` has ndim entries. */
+/* Element access for tests and I/O, with the value widened to double. `idx` has ndim entries.
+ * On a device tensor each call is one transfer: fine for tests, not for loops over data. */
 double tsr_tensor_get(const tsr_tensor *t, const int64_t *idx);
 void tsr_tensor_set(tsr_tensor *t, const int64_t *idx, double v);
 /* Fills with (flat index * scale + bias), cast to the dtype: exact integer test data. */

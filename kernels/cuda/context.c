@@ -11,6 +11,11 @@
 
 static _Thread_local tsr_cuda_ctx *current;
 
+/* A failure of a memory function called with no current context has no context to be kept in;
+ * it waits here, per thread, for the table's sync (tsr_cuda_take_orphan). */
+static _Thread_local tsr_status orphan;
+static _Thread_local char orphan_msg[512];
+
 tsr_status tsr_cuda_status(cudaError_t e, const char *what, const char *file, int line) {
   if (e == cudaSuccess) return TSR_OK;
   return tsr_error_at(e == cudaErrorMemoryAllocation ? TSR_ENOMEM : TSR_EINTERNAL, file, line,
@@ -37,6 +42,26 @@ tsr_cuda_ctx *tsr_cuda_need_ctx(const char *kernel) {
     tsr_invariant_failed(msg, __FILE__, __LINE__);
   }
   return current;
+}
+
+tsr_cuda_ctx *tsr_cuda_try_ctx(const char *fn) {
+  if (current) return current;
+  tsr_status s = TSR_ERROR(TSR_EINVAL,
+                           "%s: no CUDA context is current on this thread (allocator_init or "
+                           "tsr_cuda_ctx_make_current first)",
+                           fn);
+  if (orphan == TSR_OK) {
+    orphan = s;
+    snprintf(orphan_msg, sizeof orphan_msg, "%s", tsr_last_error());
+  }
+  return NULL;
+}
+
+tsr_status tsr_cuda_take_orphan(void) {
+  if (orphan == TSR_OK) return TSR_OK;
+  tsr_status s = orphan;
+  orphan = TSR_OK;
+  return tsr_error(s, "%s", orphan_msg);
 }
 
 int tsr_cuda_device_count(char *why, size_t why_len) {

@@ -67,6 +67,14 @@ void tsr_cuda_keep(tsr_cuda_ctx *ctx, tsr_status s);
  * context is a caller bug and goes to the invariant handler. */
 tsr_cuda_ctx *tsr_cuda_need_ctx(const char *kernel);
 
+/* The current context of a memory function of the table, which must not crash without one:
+ * NULL when none is current, after keeping an error naming `fn` for this thread's next
+ * tsr_cuda_take_orphan (only the first such error is kept). */
+tsr_cuda_ctx *tsr_cuda_try_ctx(const char *fn);
+/* The error kept by tsr_cuda_try_ctx on this thread since the last call (TSR_OK if none), its
+ * message made the thread's last error; clears it. */
+tsr_status tsr_cuda_take_orphan(void);
+
 /* Reads the scratch area back after the kernels queued so far (waits on the compute stream). */
 tsr_status tsr_cuda_scratch_read(tsr_cuda_ctx *ctx, tsr_cuda_scratch *out);
 /* Resets the scratch area on the compute stream (first_bad = INT32_MAX, count = 0, acc = 0). */

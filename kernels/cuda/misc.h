@@ -80,6 +80,52 @@ double tsr_cuda_k_sum_squares(const float *x, int64_t n);
 double tsr_cuda_k_global_norm(const float *const *bufs, const int64_t *sizes, int nbufs);
 void tsr_cuda_k_scale(float *x, int64_t n, float s);
 
+/* ---- Memory of the device (kernel table ABI 2; memory.c, memory.cu) ----
+ * The semantics are the table's (core/kernel_table.h). All but owns and allocator_init work on
+ * the calling thread's current context and queue on its compute stream; with no current context
+ * they do nothing but keep an error for sync (tsr_cuda_try_ctx), so a caller bug cannot crash the
+ * process. Void functions keep their first failure in the context for sync. */
+
+/* True when cudaPointerGetAttributes calls `p` device or managed memory (of any device); false
+ * for host memory, pinned or not, for NULL and when the runtime cannot answer, with the error the
+ * query may leave behind cleared. Needs no context. */
+bool tsr_cuda_k_owns(const void *p);
+/* Creates a context on device `ordinal` for the calling thread, makes it current, and makes `a`
+ * a view of that context's caching allocator (context = the tsr_cuda_ctx, device
+ * {TSR_DEVICE_CUDA, ordinal}, counters zero). Several threads may each hold a context on the same
+ * device. On failure `a` is zeroed and the context error returned (TSR_ENOTSUP without a device,
+ * TSR_EINVAL for an ordinal out of range). */
+tsr_status tsr_cuda_k_allocator_init(tsr_allocator *a, int ordinal);
+/* Destroys the context behind `a` (after waiting for both its streams; cached blocks are freed,
+ * blocks still in use are not), clears the thread's current context if it was that one, and
+ * zeroes `a`. A zeroed or non-CUDA allocator: no-op. Call on the thread that made it. */
+void tsr_cuda_k_allocator_release(tsr_allocator *a);
+/* Host to device; returns when `src` may be reused, which is when the copy has completed: waits
+ * for the compute stream, because a pinned source is read by the DMA engine after
+ * cudaMemcpyAsync returns. A sync point. */
+void tsr_cuda_k_copy_h2d(void *dst, const void *src, size_t bytes);
+/* Device to host; returns when `dst` holds the data (waits for the compute stream). */
+void tsr_cuda_k_copy_d2h(void *dst, const void *src, size_t bytes);
+/* Device to device, queued on the compute stream; no host wait. Regions must not overlap. */
+void tsr_cuda_k_copy_d2d(void *dst, const void *src, size_t bytes);
+/* Sets `bytes` bytes at `dst` to zero, queued on the compute stream. */
+void tsr_cuda_k_zero(void *dst, size_t bytes);
+/* dst[idx] = src[idx] over `shape`, strides in elements (any sign), bit copies of elem_size
+ * (1, 2, 4, 8) bytes, queued on the compute stream; dst and src must not overlap. ndim 0 copies
+ * one element; a zero-size dim copies nothing. Dims that are contiguous on both sides are merged
+ * first, and a copy that is contiguous after merging is a cudaMemcpyAsync. Bad arguments (ndim
+ * outside 0..TSR_MAX_DIMS, a negative size, another elem_size, a pointer not aligned to
+ * elem_size) are kept as TSR_EINVAL. */
+void tsr_cuda_k_copy_strided(void *dst, const int64_t *dst_stride, const void *src,
+                             const int64_t *src_stride, const int64_t *shape, int ndim,
+                             size_t elem_size);
+/* y[i] = y[i] + x[i] in f32 with one rounding (__fadd_rn), as the CPU's y[i] += x[i]. */
+void tsr_cuda_k_add(float *y, const float *x, int64_t n);
+/* Waits for the current context's streams and returns the first failure kept since the last
+ * sync; an error kept with no context current (tsr_cuda_try_ctx) comes first. With no context
+ * current: TSR_EINVAL naming that. */
+tsr_status tsr_cuda_k_sync(void);
+
 #ifdef __cplusplus
 }
 #endif

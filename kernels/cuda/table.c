@@ -39,6 +39,16 @@ static const tsr_kernel_table cuda_table = {
     /* Host arithmetic on two doubles: the CPU function is the definition. */
     .clip_coef = tsr_kernel_clip_coef,
     .scale = tsr_cuda_k_scale,
+    .owns = tsr_cuda_k_owns,
+    .allocator_init = tsr_cuda_k_allocator_init,
+    .allocator_release = tsr_cuda_k_allocator_release,
+    .copy_h2d = tsr_cuda_k_copy_h2d,
+    .copy_d2h = tsr_cuda_k_copy_d2h,
+    .copy_d2d = tsr_cuda_k_copy_d2d,
+    .zero = tsr_cuda_k_zero,
+    .copy_strided = tsr_cuda_k_copy_strided,
+    .add = tsr_cuda_k_add,
+    .sync = tsr_cuda_k_sync,
 };
 
 const tsr_kernel_table *tsr_cuda_kernel_table_v1(uint32_t abi, char *why, unsigned why_len) {

@@ -91,7 +91,12 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(tsr_llama_new(r, m, &dc->cfg, 99, &model), st);
   int n = tsr_llama_param_count(model);
   for (int i = 0; i < n; i++) params[i] = tsr_llama_param(model, i);
-  tsr_adamw_config oc = {0.9, 0.95, 1e-8, 0.1};
+  /* eps 1e-6, not torch's 1e-8: the first step moves each weight by lr * g / (|g| + eps), and
+   * with the gradients clipped to MAX_NORM some elements sit near 1e-8, where that map amplifies
+   * a rounding-level gradient difference (0.7 % of a 2e-8 element, well inside the gradient
+   * check) a thousandfold. Which elements land there depends on the BLAS kernel the CPU selects;
+   * at 1e-6 the comparison after the step measures the sharded optimizer, not that map. */
+  tsr_adamw_config oc = {0.9, 0.95, 1e-6, 0.1};
   TSR_CHECK_GOTO(tsr_adamw_new(r, n, params, &oc, &opt), st);
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
   if (me0) res->nparams = n;
