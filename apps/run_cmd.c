@@ -138,10 +138,9 @@ int tsr_cmd_run(int argc, char **argv) {
             tsr_mpi_loader_built() ? "'local' and 'mpi' are" : "'local' is");
     code = TSR_EXIT_RUNTIME;
   }
-  if (code == TSR_EXIT_OK && job.cfg->job.device == TSR_DEVICE_CUDA) {
-    fprintf(stderr,
-            "%s:%d: [job] device: device 'cuda' is not built in this tessera; use device = cpu\n",
-            job.cfg->path, tsr_config_line(job.cfg, "job", "device"));
+  if (code == TSR_EXIT_OK && tsr_device_check((tsr_device){job.cfg->job.device, 0}) != TSR_OK) {
+    fprintf(stderr, "%s:%d: [job] device: %s\n", job.cfg->path,
+            tsr_config_line(job.cfg, "job", "device"), tsr_last_error());
     code = TSR_EXIT_RUNTIME;
   }
   if (code == TSR_EXIT_OK) {

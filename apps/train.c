@@ -57,7 +57,7 @@ static tsr_status agree(tsr_group_t *all, tsr_status st) {
 static tsr_status loss_value(tsr_train_rank *t, const tsr_var *loss, double *out) {
   tsr_tensor *full = NULL;
   TSR_CHECK(tsr_dtensor_full_tensor(t->r, loss->value, &full));
-  *out = *(const float *)tsr_tensor_data(full);
+  *out = tsr_tensor_get(full, NULL);
   tsr_tensor_free(full);
   return TSR_OK;
 }
@@ -133,9 +133,7 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
   if (accum > 1)
     for (int i = 0; i < t->nopt; i++) {
       tsr_dtensor *g = t->params[i]->grad;
-      if (g->local)
-        tsr_kernel_scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local),
-                         (float)(1.0 / (double)accum));
+      if (g->local) TSR_CHECK(tsr_tensor_scale(g->local, (float)(1.0 / (double)accum)));
     }
   if (dump) TSR_CHECK(dump_params(t, dump, "grad.", true));
   TSR_CHECK(tsr_train_clip_grads(t, c->optimizer.max_norm, gnorm));
@@ -272,6 +270,8 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   tsr_kernel_set_threads(ctx->threads); /* the hand kernels' count is per thread */
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
+  /* every rank of a local job shares device 0: N virtual ranks on one GPU */
+  TSR_CHECK_GOTO(tsr_rank_set_device(t.r, (tsr_device){c->job.device, 0}), st);
   TSR_CHECK_GOTO(tsr_train_model_new(job, t.r, &t.model), st);
   TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
   t.nparams = tsr_llama_param_count(t.model);

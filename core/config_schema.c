@@ -41,7 +41,9 @@ const tsr_schema_entry tsr_schema[] = {
      SZ(job.backend),
      0,
      0},
-    KEY_ENUM("job", "device", job.device, "cpu", "cpu|cuda", "where tensors live and kernels run"),
+    KEY_ENUM("job", "device", job.device, "cpu", "cpu|cuda|emu",
+             "where tensors live and kernels run; emu: CPU memory the host may not touch, "
+             "for checking the device path without a GPU"),
     KEY_FLOAT("job", "timeout_s", job.timeout_s, "60", 0.001, 86400,
               "a collective that waits longer than this fails, listing the missing ranks"),
     KEY_INT("job", "world_size", job.world_size, "0", 0, 1048576,

@@ -533,9 +533,6 @@ tsr_status tsr_safetensors_check_into(const tsr_safetensors_t *st, const char *n
     return TSR_ERROR(TSR_EINVAL, "%s: tensor '%s' is %s, expected %s (read_as converts)", st->path,
                      name, tsr_dtype_name(from), tsr_dtype_name(dst->dtype));
   TSR_CHECK(check_convertible(st, e, from, dst->dtype));
-  if (tsr_tensor_device(dst).kind != TSR_DEVICE_CPU)
-    return TSR_ERROR(TSR_ENOTSUP, "%s: tensor '%s': the destination is not a CPU tensor", st->path,
-                     name);
   return TSR_OK;
 }
 
@@ -544,9 +541,9 @@ tsr_status tsr_safetensors_copy_into(const tsr_safetensors_t *st, const char *na
   TSR_CHECK(tsr_safetensors_check_into(st, name, dst, conv));
   const st_entry *e = find(st, name);
   tsr_dtype from = (tsr_dtype)tsr_st_dtypes[e->dtype].tsr;
-  if (tsr_tensor_is_contiguous(dst))
+  if (tsr_tensor_is_contiguous(dst) && tsr_tensor_device(dst).kind == TSR_DEVICE_CPU)
     return convert(st, e, from, tsr_tensor_data(dst), dst->dtype, tsr_tensor_numel(dst));
-  tsr_tensor *tmp = NULL;
+  tsr_tensor *tmp = NULL; /* a strided or device destination is filled from a host copy */
   TSR_CHECK(tsr_safetensors_read_as(st, name, dst->dtype, &tmp));
   tsr_status s = tsr_tensor_copy(dst, tmp);
   tsr_tensor_free(tmp);

@@ -101,9 +101,6 @@ static tsr_status check_args(const char *path, int n, const char *const *names,
     if ((unsigned)tensors[i]->dtype >= TSR_DTYPE_COUNT)
       return TSR_ERROR(TSR_EINVAL, "%s: tensor '%s' has an invalid dtype %d", path, names[i],
                        (int)tensors[i]->dtype);
-    if (tsr_tensor_device(tensors[i]).kind != TSR_DEVICE_CPU)
-      return TSR_ERROR(TSR_ENOTSUP, "%s: tensor '%s' is not on the CPU; copy it to the host first",
-                       path, names[i]);
   }
   for (int i = 0; i < nmeta; i++)
     if (!keys[i] || !values[i])
@@ -202,10 +199,12 @@ static tsr_status write_all(FILE *f, const char *path, const char *tmp, const vo
 
 static tsr_status write_tensor(FILE *f, const char *path, const char *tmp, const char *name,
                                const tsr_tensor *t) {
-  if (tsr_tensor_is_contiguous(t))
+  bool host = tsr_tensor_device(t).kind == TSR_DEVICE_CPU;
+  if (host && tsr_tensor_is_contiguous(t))
     return write_all(f, path, tmp, tsr_tensor_data(t), tsr_tensor_nbytes(t));
+  /* a strided or device tensor is written from a contiguous host copy */
   tsr_tensor *c = NULL;
-  tsr_status s = tsr_tensor_clone(t, &c);
+  tsr_status s = tsr_tensor_to(t, NULL, &c);
   if (s != TSR_OK) return tsr_error_prefix(s, "%s: tensor '%s'", path, name);
   s = write_all(f, path, tmp, tsr_tensor_data(c), tsr_tensor_nbytes(c));
   tsr_tensor_free(c);

@@ -424,6 +424,19 @@ tsr_status tsr_tensor_to(const tsr_tensor *src, tsr_allocator *alloc, tsr_tensor
   return st;
 }
 
+tsr_status tsr_tensor_scale(tsr_tensor *t, float s) {
+  if (t->dtype != TSR_F32 || !tsr_tensor_is_contiguous(t))
+    return TSR_ERROR(TSR_EINVAL, "scale: needs a contiguous f32 tensor, got %s",
+                     tsr_dtype_name(t->dtype));
+  tsr_kernel_table_of(t)->scale(tsr_tensor_data(t), tsr_tensor_numel(t), s);
+  return TSR_OK;
+}
+
+tsr_status tsr_device_check(tsr_device dev) {
+  const tsr_kernel_table *k = NULL;
+  return tsr_kernel_table_for(dev, &k);
+}
+
 tsr_allocator *tsr_tensor_scratch_allocator(const tsr_tensor *t) {
   return on_host(t) ? NULL : t->storage->alloc;
 }

@@ -124,6 +124,12 @@ tsr_status tsr_tensor_cast(const tsr_tensor *src, tsr_dtype dt, tsr_tensor **out
 /* Concatenates `n` tensors along `dim` into a new contiguous tensor. */
 tsr_status tsr_tensor_cat(tsr_tensor *const *parts, int n, int dim, tsr_tensor **out);
 void tsr_tensor_zero(tsr_tensor *t);
+/* x *= s for a contiguous f32 tensor, on its device. */
+tsr_status tsr_tensor_scale(tsr_tensor *t, float s);
+
+/* TSR_OK when tensors can live on `dev` in this process; otherwise TSR_ENOTSUP saying why (this
+ * build has no CUDA, the CUDA library cannot be opened, the machine has no device). */
+tsr_status tsr_device_check(tsr_device dev);
 
 /* Element access for tests and I/O, with the value widened to double. `idx` has ndim entries.
  * On a device tensor each call is one transfer: fine for tests, not for loops over data. */

@@ -137,7 +137,7 @@ static tsr_status do_forward(pipe_ctx *p, int k, int chunk, const int32_t *ids,
   if (s == last) {
     tsr_tensor *full = NULL;
     TSR_CHECK(tsr_dtensor_full_tensor(p->r, b->loss->value, &full));
-    p->loss += weight_of(p, b) * *(const float *)tsr_tensor_data(full);
+    p->loss += weight_of(p, b) * tsr_tensor_get(full, NULL);
     tsr_tensor_free(full);
     if (p->want_logits) {
       TSR_CHECK(tsr_dtensor_full_tensor(p->r, logits->value, &full));

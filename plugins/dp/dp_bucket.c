@@ -80,6 +80,26 @@ static int64_t inner_of(const tsr_tensor *t) {
   return inner;
 }
 
+/* dst[dst_at ..] = src[src_at ..] for n elements of two contiguous tensors, as flat views, so
+ * the bytes move through tsr_tensor_copy on whatever device the tensors live. */
+static tsr_status copy_flat(tsr_tensor *dst, int64_t dst_at, const tsr_tensor *src, int64_t src_at,
+                            int64_t n) {
+  int64_t dn = tsr_tensor_numel(dst), sn = tsr_tensor_numel(src);
+  tsr_tensor *df = NULL, *sf = NULL, *dv = NULL, *sv = NULL;
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(tsr_tensor_reshape(dst, 1, &dn, &df), st);
+  TSR_CHECK_GOTO(tsr_tensor_reshape(src, 1, &sn, &sf), st);
+  TSR_CHECK_GOTO(tsr_tensor_narrow(df, 0, dst_at, n, &dv), st);
+  TSR_CHECK_GOTO(tsr_tensor_narrow(sf, 0, src_at, n, &sv), st);
+  st = tsr_tensor_copy(dv, sv);
+cleanup:
+  tsr_tensor_free(sv);
+  tsr_tensor_free(dv);
+  tsr_tensor_free(sf);
+  tsr_tensor_free(df);
+  return st;
+}
+
 /* All-reduce of the bucket's gradients, concatenated, in place. */
 static tsr_status flush_all_reduce(tsr_rank_t *r, dp_bucket *b, tsr_group_t *ga) {
   int64_t total = 0;
@@ -88,16 +108,17 @@ static tsr_status flush_all_reduce(tsr_rank_t *r, dp_bucket *b, tsr_group_t *ga)
   TSR_CHECK(tsr_tensor_new(tsr_rank_allocator(r), TSR_F32, 1, &total, &flat));
   float *f = tsr_tensor_data(flat);
   int64_t at = 0;
-  for (int k = 0; k < b->n; k++) {
+  tsr_status st = TSR_OK;
+  for (int k = 0; st == TSR_OK && k < b->n; k++) {
     const tsr_tensor *l = b->vars[k]->grad->local;
-    memcpy(f + at, tsr_tensor_data(l), tsr_tensor_nbytes(l));
+    st = copy_flat(flat, at, l, 0, tsr_tensor_numel(l));
     at += tsr_tensor_numel(l);
   }
-  tsr_status st = tsr_comm_all_reduce(ga, f, f, (size_t)total, TSR_F32, TSR_REDUCE_SUM);
+  if (st == TSR_OK) st = tsr_comm_all_reduce(ga, f, f, (size_t)total, TSR_F32, TSR_REDUCE_SUM);
   at = 0;
   for (int k = 0; st == TSR_OK && k < b->n; k++) {
     tsr_dtensor *g = b->vars[k]->grad;
-    memcpy(tsr_tensor_data(g->local), f + at, tsr_tensor_nbytes(g->local));
+    st = copy_flat(g->local, 0, flat, at, tsr_tensor_numel(g->local));
     at += tsr_tensor_numel(g->local);
     for (int i = 0; i < tsr_mesh_ndim(b->mesh); i++)
       if (b->ar_mask & (1u << i)) g->placements[i] = tsr_replicate();
@@ -132,8 +153,8 @@ static tsr_status flush_reduce_scatter(tsr_rank_t *r, dp_bucket *b, tsr_group_t 
     for (int k = 0; k < b->n; k++) {
       const tsr_tensor *l = b->vars[k]->grad->local;
       int64_t inner = inner_of(l), rows = tsr_chunk_size(l->shape[0], n, i);
-      memcpy(s + at, (const float *)tsr_tensor_data(l) + tsr_chunk_start(l->shape[0], n, i) * inner,
-             sizeof(float) * (size_t)(rows * inner));
+      TSR_CHECK_GOTO(
+          copy_flat(send, at, l, tsr_chunk_start(l->shape[0], n, i) * inner, rows * inner), st);
       at += rows * inner;
     }
   TSR_CHECK_GOTO(tsr_comm_reduce_scatter(gs, s, v, counts[me], counts, TSR_F32, TSR_REDUCE_SUM),
@@ -166,7 +187,11 @@ static tsr_status flush_reduce_scatter(tsr_rank_t *r, dp_bucket *b, tsr_group_t 
                      (long long)tsr_tensor_numel(p->value->local));
       goto cleanup;
     }
-    memcpy(tsr_tensor_data(local), v + at, tsr_tensor_nbytes(local));
+    st = copy_flat(local, 0, recv, at, tsr_tensor_numel(local));
+    if (st != TSR_OK) {
+      tsr_tensor_free(local);
+      goto cleanup;
+    }
     at += tsr_tensor_numel(local);
     st = tsr_dtensor_from_local(r, b->mesh, local, g->shape, pl, &d);
     if (st != TSR_OK) {

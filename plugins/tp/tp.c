@@ -76,6 +76,8 @@ static tsr_status tp_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
   int tp = mesh_size(cfg, "tp");
   if (tp == 1) return TSR_OK;
+  TSR_CHECK(tsr_plugin_require_host(args, "runs its attention and vocabulary-parallel loss "
+                                          "kernels on host memory"));
   int64_t h = cfg->model.num_attention_heads, kv = cfg->model.num_key_value_heads;
   if (h % tp)
     return tsr_config_error(cfg, TSR_EINVAL, "model", "num_attention_heads",
