@@ -8,7 +8,7 @@
 #      the cuBLAS bf16 GEMM peak measured in the same run,
 #   5. runs the rest of the test suite (CPU: the mesh matrix of test_model_mesh on thread ranks,
 #      golden, e2e, mpi) in the time that is left.
-# The local backend has no CUDA path yet, so the mesh matrix runs on CPU virtual ranks only.
+# The mesh matrix runs on CPU thread ranks; device-cuda runs dp/FSDP/HSDP/pp jobs on the GPU.
 #
 #   bench/gpu_check.sh [BUILD_DIR]      default build-gpu; the log is BUILD_DIR/gpu_check.log
 set -uo pipefail
@@ -68,6 +68,11 @@ if grep -q "Skipped" "$BUILD/gpu_check.cuda-tests.log"; then
 fi
 
 step bench-check 90 "$BUILD/bench/bench_gpu_llama" --check
+# Jobs with device = cuda (N virtual ranks on the one GPU, collectives staged through the host)
+# against the CPU. The tolerance is TF32's (10-bit mantissa GEMM inputs), chosen from that
+# rounding before any GPU run; widen nothing here without a measured reason.
+step device-cuda 90 env DEVICE=cuda RTOL=2e-2 ATOL=2e-3 sh tests/e2e/device_check.sh \
+  "$BUILD/apps/tessera" examples tests/data/golden "$BUILD/device_cuda"
 step bench-1b 200 "$BUILD/bench/bench_gpu_llama" --preset 1b --steps 5
 
 # The rest of the suite, CPU included, in what remains of the budget.
