@@ -8,6 +8,7 @@
 #include "app.h"
 #include "train.h"
 #include "tessera_mpi.h"
+#include "tessera_nccl.h"
 
 #define MAX_SETS 64
 
@@ -129,13 +130,21 @@ int tsr_cmd_run(int argc, char **argv) {
     if (st != TSR_OK) code = tsr_app_exit_code(st);
   }
   bool mpi = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "mpi");
+  bool nccl = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "nccl");
   if (code == TSR_EXIT_OK && strcmp(job.cfg->job.backend, "local") &&
-      !(mpi && tsr_mpi_loader_built())) {
+      !(mpi && tsr_mpi_loader_built()) && !(nccl && tsr_nccl_loader_built())) {
     fprintf(stderr,
             "%s:%d: [job] backend: backend '%s' is not built in this tessera; only %s. "
             "Use backend = local (ranks as threads of one process) for now\n",
             job.cfg->path, tsr_config_line(job.cfg, "job", "backend"), job.cfg->job.backend,
             tsr_mpi_loader_built() ? "'local' and 'mpi' are" : "'local' is");
+    code = TSR_EXIT_RUNTIME;
+  }
+  if (code == TSR_EXIT_OK && nccl && job.cfg->job.device != TSR_DEVICE_CUDA) {
+    fprintf(stderr,
+            "%s:%d: [job] backend: nccl moves GPU memory; use it with device = cuda, or "
+            "backend = mpi for processes on the CPU\n",
+            job.cfg->path, tsr_config_line(job.cfg, "job", "backend"));
     code = TSR_EXIT_RUNTIME;
   }
   if (code == TSR_EXIT_OK && tsr_device_check((tsr_device){job.cfg->job.device, 0}) != TSR_OK) {
@@ -150,10 +159,12 @@ int tsr_cmd_run(int argc, char **argv) {
       fflush(stdout);
       /* Before the launch every mpi rank fails alike and rank 0 speaks for all; once running,
        * each failing rank reports itself and ends the job, as peers may wait for it. */
-      if (!mpi || tsr_mpi_env_rank() <= 0 || tsr_mpi_loader_started())
+      bool started = tsr_mpi_loader_started() || tsr_nccl_loader_started();
+      if (!(mpi || nccl) || tsr_mpi_env_rank() <= 0 || started)
         fprintf(stderr, "tessera run: %s\n", tsr_last_error());
       code = tsr_app_exit_code(st);
       if (mpi) tsr_mpi_loader_abort(code);
+      if (nccl) tsr_nccl_loader_abort(code);
     }
   }
   if (job.cfg) tsr_app_job_close(&job);
@@ -162,7 +173,8 @@ int tsr_cmd_run(int argc, char **argv) {
   /* A job refused before the launch fails alike on every process and rank 0 alone says why; mpirun
    * ends the whole job at the first non-zero exit, so the silent ranks leave a moment later, or
    * rank 0 could be killed before its message is out. */
-  if (code != TSR_EXIT_OK && tsr_mpi_env_rank() > 0 && !tsr_mpi_loader_started()) {
+  if (code != TSR_EXIT_OK && tsr_mpi_env_rank() > 0 && !tsr_mpi_loader_started() &&
+      !tsr_nccl_loader_started()) {
     struct timespec grace = {1, 0};
     nanosleep(&grace, NULL);
   }

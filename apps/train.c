@@ -7,6 +7,7 @@
 #include "tessera/io.h"
 #include "tessera/kernels.h"
 #include "tessera_mpi.h"
+#include "tessera_nccl.h"
 #include "train.h"
 #include "train_log.h"
 #include "train_mem.h"
@@ -270,8 +271,10 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   tsr_kernel_set_threads(ctx->threads); /* the hand kernels' count is per thread */
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
-  /* every rank of a local job shares device 0: N virtual ranks on one GPU */
-  TSR_CHECK_GOTO(tsr_rank_set_device(t.r, (tsr_device){c->job.device, 0}), st);
+  /* every rank of a local job shares device 0 (N virtual ranks on one GPU); under nccl each
+   * process has the GPU the backend chose for it */
+  int ordinal = !strcmp(c->job.backend, "nccl") ? tsr_nccl_loader_device(comm) : 0;
+  TSR_CHECK_GOTO(tsr_rank_set_device(t.r, (tsr_device){c->job.device, ordinal}), st);
   TSR_CHECK_GOTO(tsr_train_model_new(job, t.r, &t.model), st);
   TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
   t.nparams = tsr_llama_param_count(t.model);
@@ -374,5 +377,7 @@ tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
   /* Under mpi this process is one rank of the job (docs/mpi.md). */
   if (!strcmp(c->job.backend, "mpi"))
     return tsr_mpi_loader_launch(world, c->job.timeout_s, run_rank, &ctx);
+  if (!strcmp(c->job.backend, "nccl"))
+    return tsr_nccl_loader_launch(world, c->job.timeout_s, run_rank, &ctx);
   return tsr_local_launch(world, c->job.timeout_s, run_rank, &ctx);
 }
