@@ -300,7 +300,8 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
                      v->name ? v->name : "(unnamed)", (long long)tsr_tensor_numel(b),
                      (long long)tsr_tensor_numel(a));
     } else {
-      tsr_kernel_table_of(a)->add(tsr_tensor_data(a), tsr_tensor_data(b), tsr_tensor_numel(a));
+      tsr_kernel_table_of(a)->add(tsr_tensor_data(a), tsr_tensor_data(a), tsr_tensor_data(b),
+                                  tsr_tensor_numel(a));
     }
   }
   tsr_dtensor_free(g);

@@ -69,8 +69,8 @@ static void emu_copy_strided(void *dst, const int64_t *dst_stride, const void *s
                              size_t elem_size) {
   tsr_copy_strided_host(real(dst), dst_stride, real(src), src_stride, shape, ndim, elem_size);
 }
-static void emu_add(float *y, const float *x, int64_t n) {
-  tsr_add_host(R(y), R(x), n);
+static void emu_add(float *out, const float *a, const float *b, int64_t n) {
+  tsr_add_host(R(out), R(a), R(b), n);
 }
 static tsr_status emu_sync(void) {
   return TSR_OK;

@@ -77,8 +77,8 @@ void tsr_copy_strided_host(void *dst, const int64_t *dst_stride, const void *src
   }
 }
 
-void tsr_add_host(float *y, const float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+void tsr_add_host(float *out, const float *a, const float *b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 static const tsr_kernel_table cpu_table = {
@@ -223,12 +223,13 @@ tsr_status tsr_kernel_table_for(tsr_device dev, const tsr_kernel_table **out) {
   return TSR_ERROR(TSR_EINVAL, "kernel table: unknown device kind %d", (int)dev.kind);
 }
 
-const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t) {
-  tsr_device dev = tsr_tensor_device(t);
-  if (dev.kind == TSR_DEVICE_CPU) return &cpu_table;
-  if (dev.kind == TSR_DEVICE_EMU) return tsr_kernel_table_emu();
+const tsr_kernel_table *tsr_kernel_table_of_device(tsr_device dev) {
   const tsr_kernel_table *k = NULL;
   return tsr_kernel_table_for(dev, &k) == TSR_OK ? k : &cpu_table;
+}
+
+const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t) {
+  return tsr_kernel_table_of_device(tsr_tensor_device(t));
 }
 
 const tsr_kernel_table *tsr_kernel_table_of_ptr(const void *p) {

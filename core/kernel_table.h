@@ -128,7 +128,8 @@ typedef struct tsr_kernel_table {
    * strides in elements of elem_size bytes (1, 2, 4 or 8), both sides on this device. */
   void (*copy_strided)(void *dst, const int64_t *dst_stride, const void *src,
                        const int64_t *src_stride, const int64_t *shape, int ndim, size_t elem_size);
-  void (*add)(float *y, const float *x, int64_t n); /* y[i] += x[i] */
+  /* out[i] = a[i] + b[i] in f32; out may be a (accumulation) */
+  void (*add)(float *out, const float *a, const float *b, int64_t n);
   /* Waits for the calling thread's queued work; the first failure since the last sync. */
   tsr_status (*sync)(void);
 } tsr_kernel_table;
@@ -155,6 +156,10 @@ bool tsr_emu_owns(const void *p);
  * TSR_DEVICE_EMU, the CUDA one for TSR_DEVICE_CUDA (with tsr_kernel_table_cuda's errors). */
 tsr_status tsr_kernel_table_for(tsr_device dev, const tsr_kernel_table **out);
 
+/* The table of a device an allocator already serves (its creation opened the table). Never
+ * NULL. */
+const tsr_kernel_table *tsr_kernel_table_of_device(tsr_device dev);
+
 /* The table of the device a tensor lives on. Never NULL: the allocator that made the tensor's
  * storage opened that table already. */
 const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t);
@@ -178,7 +183,7 @@ void tsr_memcpy_any(void *dst, const void *src, size_t bytes);
 void tsr_copy_strided_host(void *dst, const int64_t *dst_stride, const void *src,
                            const int64_t *src_stride, const int64_t *shape, int ndim,
                            size_t elem_size);
-void tsr_add_host(float *y, const float *x, int64_t n);
+void tsr_add_host(float *out, const float *a, const float *b, int64_t n);
 
 /* The symbol libtessera-cuda.so exports: returns its table, or NULL after writing why (no device,
  * ABI mismatch) into why[why_len]. */

@@ -29,20 +29,6 @@ static float *fdata(const tsr_dtensor *x) {
   return tsr_tensor_data(x->local);
 }
 
-/* Global positions of x's local rows along the sequence dim (1), on x's device. */
-static tsr_status positions(tsr_tape_t *t, const tsr_dtensor *x, int *L, tsr_tensor **out) {
-  int64_t lshape[TSR_MAX_DIMS], lstart[TSR_MAX_DIMS];
-  tsr_dtensor_local_shape(x->mesh, x->placements, x->ndim, x->shape, tsr_rank_id(tsr_tape_rank(t)),
-                          lshape, lstart);
-  *L = (int)lshape[1];
-  int32_t *p = malloc(sizeof(int32_t) * (size_t)(*L ? *L : 1));
-  if (!p) return TSR_ERROR(TSR_ENOMEM, "out of memory for attention positions");
-  for (int i = 0; i < *L; i++) p[i] = (int32_t)(lstart[1] + i);
-  tsr_status st = tsr_tensor_from_i32(tsr_tensor_scratch_allocator(x->local), *L, p, out);
-  free(p);
-  return st;
-}
-
 static void *data(const tsr_tensor *t) {
   return tsr_tensor_data(t);
 }
@@ -112,8 +98,8 @@ tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool c
     s->D = (int)ql[3];
     tsr_allocator *alloc = tsr_tensor_scratch_allocator(q->value->local);
     int64_t lse_shape[3] = {s->B, s->Hq, 0};
-    st = positions(t, q->value, &s->L, &s->q_pos);
-    if (st == TSR_OK) st = positions(t, k->value, &s->Lk, &s->k_pos);
+    st = tsr_op_positions(t, q->value, &s->L, &s->q_pos);
+    if (st == TSR_OK) st = tsr_op_positions(t, k->value, &s->Lk, &s->k_pos);
     lse_shape[2] = s->L;
     if (st == TSR_OK) st = tsr_tensor_new(alloc, TSR_F32, 3, lse_shape, &s->lse);
     const tsr_tensor *o = (*out)->value->local;

@@ -42,6 +42,10 @@ tsr_status tsr_op_run_rule(tsr_tape_t *t, const char *op, tsr_var *const *in, in
                            const void *attrs, size_t attrs_size, const tsr_op_placements *plan,
                            int nout, tsr_var **outs, bool *handled);
 
+/* The global positions of x's local rows along the sequence dim (1), as an i32 tensor on x's
+ * device (untracked on the host); *L is their count. RoPE and attention read them. */
+tsr_status tsr_op_positions(tsr_tape_t *t, const tsr_dtensor *x, int *L, tsr_tensor **out);
+
 /* Product of a local tensor's dims except the last. */
 int64_t tsr_op_rows(const tsr_tensor *t);
 

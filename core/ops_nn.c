@@ -213,24 +213,17 @@ tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **o
 /* cos/sin tables for x's local rows: positions are the global offset of its sequence shard. */
 static tsr_status rope_tables(tsr_tape_t *t, const tsr_dtensor *x, float theta, tsr_tensor **cs,
                               tsr_tensor **sn) {
-  int64_t lshape[TSR_MAX_DIMS], lstart[TSR_MAX_DIMS];
-  tsr_dtensor_local_shape(x->mesh, x->placements, x->ndim, x->shape, tsr_rank_id(tsr_tape_rank(t)),
-                          lshape, lstart);
-  int L = (int)lshape[1], D = (int)lshape[3];
-  int64_t tshape[2] = {L, D};
-  int32_t *pos = malloc(sizeof(int32_t) * (size_t)(L ? L : 1));
-  if (!pos) return TSR_ERROR(TSR_ENOMEM, "out of memory for rope positions");
-  for (int i = 0; i < L; i++) pos[i] = (int32_t)(lstart[1] + i);
+  int L = 0, D = (int)x->local->shape[3];
+  tsr_tensor *pos = NULL;
+  TSR_CHECK(tsr_op_positions(t, x, &L, &pos));
   tsr_allocator *alloc = tsr_tensor_scratch_allocator(x->local);
-  tsr_tensor *dpos = NULL;
+  int64_t tshape[2] = {L, D};
   tsr_status st = tsr_tensor_new(alloc, TSR_F32, 2, tshape, cs);
   if (st == TSR_OK) st = tsr_tensor_new(alloc, TSR_F32, 2, tshape, sn);
-  if (st == TSR_OK) st = tsr_tensor_from_i32(alloc, L, pos, &dpos);
   if (st == TSR_OK)
     st = tsr_op_kernels(x)->rope_tables(tsr_tensor_data(*cs), tsr_tensor_data(*sn),
-                                        tsr_tensor_data(dpos), L, D, theta);
-  tsr_tensor_free(dpos);
-  free(pos);
+                                        tsr_tensor_data(pos), L, D, theta);
+  tsr_tensor_free(pos);
   return st;
 }
 

@@ -165,9 +165,8 @@ tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out) {
   TSR_CHECK(tsr_op_new_output(t, a, a->value->ndim, a->value->shape, plan.outputs[0], out));
   if ((*out)->value->local) {
     const tsr_tensor *o = (*out)->value->local;
-    const tsr_kernel_table *k = tsr_kernel_table_of(o);
-    k->copy_d2d(tsr_tensor_data(o), tsr_tensor_data(a->value->local), tsr_tensor_nbytes(o));
-    k->add(tsr_tensor_data(o), tsr_tensor_data(b->value->local), tsr_tensor_numel(o));
+    tsr_kernel_table_of(o)->add(tsr_tensor_data(o), tsr_tensor_data(a->value->local),
+                                tsr_tensor_data(b->value->local), tsr_tensor_numel(o));
   }
   return tsr_tape_record(t, "add", in, 2, out, 1, add_backward, NULL, NULL);
 }
@@ -459,4 +458,17 @@ tsr_status tsr_op_prepare_inputs(tsr_tape_t *t, const char *op, tsr_var **in, in
     in[j] = v;
   }
   return TSR_OK;
+}
+
+tsr_status tsr_op_positions(tsr_tape_t *t, const tsr_dtensor *x, int *L, tsr_tensor **out) {
+  int64_t lshape[TSR_MAX_DIMS], lstart[TSR_MAX_DIMS];
+  tsr_dtensor_local_shape(x->mesh, x->placements, x->ndim, x->shape, tsr_rank_id(tsr_tape_rank(t)),
+                          lshape, lstart);
+  *L = (int)lshape[1];
+  int32_t *p = malloc(sizeof(int32_t) * (size_t)(*L ? *L : 1));
+  if (!p) return TSR_ERROR(TSR_ENOMEM, "out of memory for sequence positions");
+  for (int i = 0; i < *L; i++) p[i] = (int32_t)(lstart[1] + i);
+  tsr_status st = tsr_tensor_from_i32(tsr_tensor_scratch_allocator(x->local), *L, p, out);
+  free(p);
+  return st;
 }

@@ -177,12 +177,6 @@ static tsr_allocator untracked_cpu = {cpu_alloc, cpu_free, NULL, {TSR_DEVICE_CPU
 
 /* ---- tensors ---- */
 
-/* The table of a device an allocator serves; the allocator's creation opened it already. */
-static const tsr_kernel_table *device_kernels(tsr_device dev) {
-  const tsr_kernel_table *k = NULL;
-  return tsr_kernel_table_for(dev, &k) == TSR_OK ? k : tsr_kernel_table_cpu();
-}
-
 static void set_contiguous_strides(tsr_tensor *t) {
   int64_t s = 1;
   for (int d = t->ndim - 1; d >= 0; d--) {
@@ -232,7 +226,7 @@ tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim, const in
   if (alloc->device.kind == TSR_DEVICE_CPU)
     memset(s->data, 0, s->bytes);
   else
-    device_kernels(alloc->device)->zero(s->data, s->bytes);
+    tsr_kernel_table_of_device(alloc->device)->zero(s->data, s->bytes);
   atomic_init(&s->refs, 1);
   t->storage = s;
   *out = t;

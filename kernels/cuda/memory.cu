@@ -17,10 +17,10 @@ __global__ void copy_strided_kernel(T *dst, const T *src, tsr_cuda_strided a, in
   }
 }
 
-__global__ void add_kernel(float *y, const float *x, int64_t n) {
+__global__ void add_kernel(float *out, const float *a, const float *b, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = __fadd_rn(y[i], x[i]); // the CPU's one rounding; _rn is never fused into an FMA
+    out[i] = __fadd_rn(a[i], b[i]); // the CPU's one rounding; _rn is never fused into an FMA
 }
 
 template <typename T>
@@ -79,9 +79,9 @@ extern "C" void tsr_cuda_k_copy_strided(void *dst, const int64_t *dst_stride, co
   tsr_cuda_keep(ctx, tsr_cuda_status(e, "copy_strided kernel launch", __FILE__, __LINE__));
 }
 
-extern "C" void tsr_cuda_k_add(float *y, const float *x, int64_t n) {
+extern "C" void tsr_cuda_k_add(float *out, const float *a, const float *b, int64_t n) {
   tsr_cuda_ctx *ctx = tsr_cuda_try_ctx("add");
   if (!ctx || n <= 0) return;
-  add_kernel<<<tsr_cuda_ew_blocks(n), TSR_CUDA_EW_THREADS, 0, ctx->compute>>>(y, x, n);
+  add_kernel<<<tsr_cuda_ew_blocks(n), TSR_CUDA_EW_THREADS, 0, ctx->compute>>>(out, a, b, n);
   TSR_CUDA_KEEP_LAUNCH(ctx);
 }

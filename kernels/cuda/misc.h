@@ -119,8 +119,8 @@ void tsr_cuda_k_zero(void *dst, size_t bytes);
 void tsr_cuda_k_copy_strided(void *dst, const int64_t *dst_stride, const void *src,
                              const int64_t *src_stride, const int64_t *shape, int ndim,
                              size_t elem_size);
-/* y[i] = y[i] + x[i] in f32 with one rounding (__fadd_rn), as the CPU's y[i] += x[i]. */
-void tsr_cuda_k_add(float *y, const float *x, int64_t n);
+/* out[i] = a[i] + b[i] in f32 with one rounding (__fadd_rn), as the CPU's; out may be a. */
+void tsr_cuda_k_add(float *out, const float *a, const float *b, int64_t n);
 /* Waits for the current context's streams and returns the first failure kept since the last
  * sync; an error kept with no context current (tsr_cuda_try_ctx) comes first. With no context
  * current: TSR_EINVAL naming that. */

@@ -234,7 +234,7 @@ static void test_no_context_keeps_error(void **state) {
   tsr_cuda_k_copy_d2d(host, host, sizeof host);
   tsr_cuda_k_zero(host, sizeof host);
   tsr_cuda_k_copy_strided(f, stride, f, stride, shape, 1, 4);
-  tsr_cuda_k_add(f, f, 4);
+  tsr_cuda_k_add(f, f, f, 4);
   /* Nothing was touched, the first call is the one reported, then sync's own complaint. */
   for (int i = 0; i < 16; i++) assert_int_equal(host[i], 0);
   assert_int_equal(tsr_cuda_k_sync(), TSR_EINVAL);
@@ -422,12 +422,20 @@ static void test_add(void **state) {
   test_fill(x, n, &s, -3, 3);
   test_fill(y, n, &s, -1e3f, 1e3f); /* mixed magnitudes: most sums round */
   float *dx = dev_f(x, n), *dy = dev_f(y, n);
-  gpu->add(dy, dx, n);
-  gpu->add(dy, dx, 0);
+  gpu->add(dy, dy, dx, n); /* in place, as gradients accumulate */
+  gpu->add(dy, dy, dx, 0);
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
   gpu->copy_d2h(got, dy, (size_t)n * sizeof(float));
   assert_int_equal(gpu->sync(), TSR_OK);
   assert_memory_equal(got, y, (size_t)n * sizeof(float));
+  /* out of place, as the residual add: z = x + y, x and y untouched */
+  float *dz = dev_f(x, n); /* holds x: a call that wrote nothing would not pass */
+  gpu->add(dz, dx, dy, n);
+  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+  gpu->copy_d2h(got, dz, (size_t)n * sizeof(float));
+  assert_int_equal(gpu->sync(), TSR_OK);
+  assert_memory_equal(got, y, (size_t)n * sizeof(float));
+  dev_free(dz, n * 4);
   dev_free(dx, n * 4), dev_free(dy, n * 4);
   free(x), free(y), free(got);
 }
@@ -477,8 +485,8 @@ static void *rank_main(void *arg) {
     for (int64_t i = 0; i < nf; i++) x[i] = (float)(i % 1000) * 0.25f + (float)r->rank;
     gpu->copy_h2d(p[2], x, 70000);
     gpu->zero(p[5], 70000);
-    gpu->add(p[5], p[2], nf);
-    gpu->add(p[5], p[2], nf);
+    gpu->add(p[5], p[5], p[2], nf);
+    gpu->add(p[5], p[5], p[2], nf);
     gpu->copy_d2h(back, p[5], 70000);
     st = gpu->sync();
     RCHECK(r, st == TSR_OK, "step %d: sync: %s", step, tsr_last_error());
