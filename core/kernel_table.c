@@ -151,24 +151,9 @@ static void open_cuda(void) {
              "reconfigure with -DTESSERA_CUDA=ON and rebuild, or use device = cpu");
     return;
   }
-  const char *env = getenv("TESSERA_CUDA_LIB");
-  /* beside the loaded libtessera first: an install under any --prefix finds its own */
-  char beside[4096 + 32] = "", lib_dir[4096];
-  if (tsr_core_library_dir(lib_dir, sizeof lib_dir))
-    snprintf(beside, sizeof beside, "%s/libtessera-cuda.so", lib_dir); /* cannot be cut */
-  const char *paths[] = {env && env[0] == '/' ? env : NULL, beside, TSR_CUDA_INSTALL_LIB,
-                         TSR_CUDA_BUILD_LIB};
   char tried[1536] = "";
-  size_t pos = 0;
-  void *lib = NULL;
-  for (size_t i = 0; i < sizeof paths / sizeof paths[0] && !lib; i++) {
-    if (!paths[i] || !paths[i][0]) continue;
-    lib = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
-    if (lib) break;
-    const char *why = dlerror();
-    int w = snprintf(tried + pos, sizeof tried - pos, "\n  %s: %s", paths[i], why ? why : "?");
-    if (w > 0) pos = pos + (size_t)w < sizeof tried ? pos + (size_t)w : sizeof tried - 1;
-  }
+  void *lib = tsr_core_dlopen("libtessera-cuda.so", "TESSERA_CUDA_LIB", TSR_CUDA_INSTALL_LIB,
+                              TSR_CUDA_BUILD_LIB, RTLD_NOW | RTLD_LOCAL, tried, sizeof tried);
   if (!lib) {
     snprintf(cuda_why, sizeof cuda_why,
              "device 'cuda': cannot open libtessera-cuda.so; set TESSERA_CUDA_LIB to its absolute "

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "tessera/plugin.h"
 
@@ -135,6 +136,28 @@ bool tsr_core_library_dir(char *out, size_t len) {
   snprintf(lib, sizeof lib, "%.*s", (int)(slash - info.dli_fname), info.dli_fname);
   if (!realpath(lib, real)) return false;
   return (size_t)snprintf(out, len, "%s", real) < len;
+}
+
+void *tsr_core_dlopen(const char *file, const char *env, const char *install_path,
+                      const char *build_path, int flags, char *tried, size_t tried_len) {
+  const char *from_env = env ? getenv(env) : NULL;
+  char lib[TSR_MAX_PATH], beside[TSR_MAX_PATH + 64];
+  bool have_beside = tsr_core_library_dir(lib, sizeof lib) &&
+                     (size_t)snprintf(beside, sizeof beside, "%s/%s", lib, file) < sizeof beside &&
+                     access(beside, F_OK) == 0;
+  const char *paths[] = {from_env && from_env[0] == '/' ? from_env : NULL,
+                         have_beside ? beside : NULL, install_path, build_path};
+  size_t pos = tried_len ? strlen(tried) : 0;
+  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+    if (!paths[i] || !paths[i][0]) continue;
+    void *h = dlopen(paths[i], flags);
+    if (h) return h;
+    const char *why = dlerror();
+    if (pos + 1 >= tried_len) continue;
+    int w = snprintf(tried + pos, tried_len - pos, "\n  %s: %s", paths[i], why ? why : "?");
+    if (w > 0) pos = pos + (size_t)w < tried_len ? pos + (size_t)w : tried_len - 1;
+  }
+  return NULL;
 }
 
 static bool installed_plugin_dir(char *out, size_t len) {

@@ -10,10 +10,7 @@
 
 #include <dlfcn.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "tessera/plugin.h"
 #include "tessera_mpi.h"
@@ -45,15 +42,6 @@ bool tsr_mpi_loader_started(void) {
   return started;
 }
 
-/* libtessera-mpi.so in the folder of the libtessera this process loaded, when it is there: the
- * install puts both in <prefix>/lib, so an install made with --prefix (or moved) finds its own. */
-static bool beside_core(char *out, size_t len) {
-  char lib[4096];
-  if (!tsr_core_library_dir(lib, sizeof lib)) return false;
-  int w = snprintf(out, len, "%s/libtessera-mpi.so", lib);
-  return w > 0 && (size_t)w < len && access(out, F_OK) == 0;
-}
-
 static tsr_status open_backend(void) {
   if (backend) return TSR_OK;
   if (!TSR_MPI_BUILT)
@@ -61,23 +49,12 @@ static tsr_status open_backend(void) {
                      "backend 'mpi' is not built in this tessera: Open MPI was not found when it "
                      "was configured. Install libopenmpi-dev and openmpi-bin, reconfigure with "
                      "-DTESSERA_MPI=ON and rebuild, or use backend = local");
-  const char *env = getenv("TESSERA_MPI_BACKEND");
-  char beside[4096];
-  const char *paths[] = {env && env[0] == '/' ? env : NULL,
-                         beside_core(beside, sizeof beside) ? beside : NULL, TSR_MPI_INSTALL_LIB,
-                         TSR_MPI_BUILD_LIB};
   char tried[2048] = "";
-  size_t pos = 0;
-  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-    if (!paths[i]) continue;
-    /* RTLD_GLOBAL: Open MPI opens its own components with dlopen, and they resolve MPI's
-     * symbols through the global scope. */
-    backend = dlopen(paths[i], RTLD_NOW | RTLD_GLOBAL);
-    if (backend) return TSR_OK;
-    const char *why = dlerror();
-    int w = snprintf(tried + pos, sizeof tried - pos, "\n  %s: %s", paths[i], why ? why : "?");
-    if (w > 0) pos = pos + (size_t)w < sizeof tried ? pos + (size_t)w : sizeof tried - 1;
-  }
+  /* RTLD_GLOBAL: Open MPI opens its own components with dlopen, and they resolve MPI's symbols
+   * through the global scope. */
+  backend = tsr_core_dlopen("libtessera-mpi.so", "TESSERA_MPI_BACKEND", TSR_MPI_INSTALL_LIB,
+                            TSR_MPI_BUILD_LIB, RTLD_NOW | RTLD_GLOBAL, tried, sizeof tried);
+  if (backend) return TSR_OK;
   return TSR_ERROR(TSR_ENOTSUP,
                    "backend 'mpi': cannot open libtessera-mpi.so; set TESSERA_MPI_BACKEND to its "
                    "absolute path. Tried:%s",

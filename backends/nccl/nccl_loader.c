@@ -10,10 +10,6 @@
  * The handle is process-wide state on purpose: one process is one rank under this backend. */
 #include <dlfcn.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "tessera/plugin.h"
 #include "tessera_nccl.h"
@@ -33,15 +29,6 @@ bool tsr_nccl_loader_started(void) {
   return started;
 }
 
-/* libtessera-nccl.so in the folder of the libtessera this process loaded, when it is there: the
- * install puts both in <prefix>/lib, so an install made with --prefix (or moved) finds its own. */
-static bool beside_core(char *out, size_t len) {
-  char lib[4096];
-  if (!tsr_core_library_dir(lib, sizeof lib)) return false;
-  int w = snprintf(out, len, "%s/libtessera-nccl.so", lib);
-  return w > 0 && (size_t)w < len && access(out, F_OK) == 0;
-}
-
 static tsr_status open_backend(void) {
   if (backend) return TSR_OK;
   if (!TSR_NCCL_BUILT)
@@ -50,23 +37,12 @@ static tsr_status open_backend(void) {
                      "needs the CUDA Toolkit, Open MPI and NCCL 2.14+: install what is missing, "
                      "reconfigure and rebuild, or use backend = mpi or local",
                      TSR_NCCL_MISSING);
-  const char *env = getenv("TESSERA_NCCL_BACKEND");
-  char beside[4096];
-  const char *paths[] = {env && env[0] == '/' ? env : NULL,
-                         beside_core(beside, sizeof beside) ? beside : NULL, TSR_NCCL_INSTALL_LIB,
-                         TSR_NCCL_BUILD_LIB};
   char tried[2048] = "";
-  size_t pos = 0;
-  for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
-    if (!paths[i]) continue;
-    /* RTLD_GLOBAL: Open MPI opens its own components with dlopen, and they resolve MPI's
-     * symbols through the global scope. */
-    backend = dlopen(paths[i], RTLD_NOW | RTLD_GLOBAL);
-    if (backend) return TSR_OK;
-    const char *why = dlerror();
-    int w = snprintf(tried + pos, sizeof tried - pos, "\n  %s: %s", paths[i], why ? why : "?");
-    if (w > 0) pos = pos + (size_t)w < sizeof tried ? pos + (size_t)w : sizeof tried - 1;
-  }
+  /* RTLD_GLOBAL: Open MPI opens its own components with dlopen, and they resolve MPI's symbols
+   * through the global scope. */
+  backend = tsr_core_dlopen("libtessera-nccl.so", "TESSERA_NCCL_BACKEND", TSR_NCCL_INSTALL_LIB,
+                            TSR_NCCL_BUILD_LIB, RTLD_NOW | RTLD_GLOBAL, tried, sizeof tried);
+  if (backend) return TSR_OK;
   return TSR_ERROR(TSR_ENOTSUP,
                    "backend 'nccl': cannot open libtessera-nccl.so; set TESSERA_NCCL_BACKEND to "
                    "its absolute path. Tried:%s",

@@ -184,6 +184,15 @@ typedef struct tsr_plugin_report {
  * first, so an install made with any --prefix (or moved) finds its own. */
 bool tsr_core_library_dir(char *out, size_t len);
 
+/* Opens `file` (e.g. "libtessera-mpi.so"), a library of this tessera that the core or a loader
+ * dlopens: from the absolute path in the environment variable `env` when it holds one, then
+ * beside the loaded libtessera (tsr_core_library_dir), then `install_path` and `build_path`
+ * (either may be NULL or ""); never the current directory. `flags` go to dlopen. Returns the
+ * handle, or NULL with each path tried and why it failed appended to tried[tried_len]
+ * ("\n  PATH: reason" each). */
+void *tsr_core_dlopen(const char *file, const char *env, const char *install_path,
+                      const char *build_path, int flags, char *tried, size_t tried_len);
+
 /* The directories searched for plugins, in order: TESSERA_PLUGIN_PATH (':'-separated, absolute
  * entries only), then `extra` (the [plugins] path value, ':' or ',' separated, relative entries
  * taken from `base_dir`), then the install's lib/tessera (the folder beside the libtessera that
