@@ -99,9 +99,10 @@ typedef struct tsr_strategy {
 
 /* For a plugin's validate: refuses a job whose [job] device is not the CPU, for a plugin that
  * reads or writes tensor memory from the host (its own loops, or the tsr_kernel_* functions of
- * kernels.h, which are the CPU's). A plugin that moves data only through tensor copies and
- * collectives works on every device and needs no such check; `device = emu` is how to find out
- * (tensor.h). `what` says what keeps the plugin on the host. */
+ * kernels.h, which are the CPU's). A plugin that moves data only through tensor copies, views,
+ * collectives and the kernels of its tensors' device (tessera/device.h) works on every device and
+ * needs no such check; `device = emu` is how to find out (tensor.h). `what` says what keeps the
+ * plugin on the host. */
 static inline tsr_status tsr_plugin_require_host(const tsr_plugin_args *args, const char *what) {
   if (args->config->job.device == TSR_DEVICE_CPU) return TSR_OK;
   return tsr_config_error(args->config, TSR_ENOTSUP, "job", "device",

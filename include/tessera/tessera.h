@@ -8,6 +8,7 @@
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
 #include "tessera/dtensor.h"
+#include "tessera/device.h"
 #include "tessera/registry.h"
 
 #define TSR_VERSION_MAJOR 0
