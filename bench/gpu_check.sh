@@ -6,9 +6,10 @@
 #   3. runs bench_gpu_llama --check (the benchmark's step on gpu-f32 and gpu-bf16 against cpu),
 #   4. runs the bf16 training benchmark on the ~0.9 B-parameter preset and prints its MFU against
 #      the cuBLAS bf16 GEMM peak measured in the same run,
-#   5. runs the rest of the test suite (CPU: the mesh matrix of test_model_mesh on thread ranks,
-#      golden, e2e, mpi) in the time that is left.
-# The mesh matrix runs on CPU thread ranks; device-cuda runs dp/FSDP/HSDP/pp jobs on the GPU.
+#   5. runs the mesh matrix (tests/e2e/mesh_matrix.sh) as virtual ranks on the one GPU,
+#   6. runs the rest of the test suite (CPU: golden, e2e, mpi) in the time that is left.
+# device-cuda runs the jobs of every strategy (dp, FSDP, HSDP, tp, sp, pp, ring and Ulysses) on
+# the GPU against the CPU.
 #
 #   bench/gpu_check.sh [BUILD_DIR]      default build-gpu; the log is BUILD_DIR/gpu_check.log
 set -uo pipefail
@@ -74,6 +75,10 @@ step bench-check 90 "$BUILD/bench/bench_gpu_llama" --check
 step device-cuda 90 env DEVICE=cuda RTOL=2e-2 ATOL=2e-3 sh tests/e2e/device_check.sh \
   "$BUILD/apps/tessera" examples tests/data/golden "$BUILD/device_cuda"
 step bench-1b 200 "$BUILD/bench/bench_gpu_llama" --preset 1b --steps 5
+# Every mesh of the matrix as N virtual ranks on the one GPU, against the 1-rank CPU run, at the
+# same TF32 tolerance.
+step mesh-cuda 150 env DEVICE=cuda RTOL=2e-2 ATOL=2e-3 sh tests/e2e/mesh_matrix.sh \
+  "$BUILD/apps/tessera" tests/e2e/jobs/mesh_matrix.ini "$BUILD/mesh_cuda"
 
 # The rest of the suite, CPU included, in what remains of the budget.
 step other-tests $(($(left) - 10)) ctest --test-dir "$BUILD" -LE cuda -j"$JOBS" \

@@ -222,6 +222,11 @@ void tsr_comm_destroy(tsr_comm_t *c) {
   free(c);
 }
 
+void tsr_comm_set_device_allocator(tsr_comm_t *c, tsr_allocator *a) {
+  if (c->device_alloc && c->iface->release_device) c->iface->release_device(c);
+  c->device_alloc = a;
+}
+
 int tsr_comm_rank(const tsr_comm_t *c) {
   return c->rank;
 }

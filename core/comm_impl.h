@@ -67,6 +67,9 @@ typedef struct tsr_comm_iface {
   /* Optional. True when the backend moves device memory itself. Otherwise the front stages a
    * call whose buffers are device memory through host copies around the backend's call. */
   bool device_memory;
+  /* Optional. Frees the device memory the backend holds for this member (scratch made from
+   * c->device_alloc), before that allocator is released. */
+  void (*release_device)(tsr_comm_t *c);
 } tsr_comm_iface;
 
 typedef struct tsr_comm_counter {
@@ -84,7 +87,14 @@ struct tsr_comm_t {
   int n_groups, cap_groups;
   tsr_comm_counter *counters;
   int n_counters, cap_counters;
+  /* The rank's device allocator, for a backend's device scratch (the local backend's in-place
+   * sums); NULL while the rank is on the CPU. Set and cleared by the rank (core/rank.c). */
+  tsr_allocator *device_alloc;
 };
+
+/* Gives the backend the allocator of the rank's device (NULL: none, after releasing what the
+ * backend made from the previous one). Called on the rank's thread. */
+void tsr_comm_set_device_allocator(tsr_comm_t *c, tsr_allocator *a);
 
 struct tsr_group_t {
   tsr_comm_t *comm;

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "comm_local.h"
+#include "kernel_table.h"
 
 /* ---- Time ---- */
 
@@ -258,6 +259,36 @@ tsr_status tsr_local_scratch(tsr_group_t *g, size_t bytes, void **out) {
   return TSR_OK;
 }
 
+tsr_status tsr_local_device_scratch(tsr_group_t *g, size_t bytes, void **out) {
+  local_member *m = &tsr_local_group(g)->m[g->index];
+  tsr_allocator *a = g->comm->device_alloc;
+  *out = NULL;
+  if (!a) return TSR_OK;
+  if (m->dev_scratch_len < bytes) {
+    void *p = tsr_allocator_alloc(a, bytes);
+    if (!p)
+      return TSR_ERROR(TSR_ENOMEM, "group '%s': out of device memory for %zu bytes of scratch",
+                       g->label, bytes);
+    if (m->dev_scratch) tsr_allocator_free(a, m->dev_scratch, m->dev_scratch_len);
+    m->dev_scratch = p;
+    m->dev_scratch_len = bytes;
+  }
+  *out = m->dev_scratch;
+  return TSR_OK;
+}
+
+/* The member's device scratch of every group, before the rank's allocator goes. */
+static void local_release_device(tsr_comm_t *c) {
+  for (int i = 0; i < c->n_groups; i++) {
+    tsr_group_t *g = c->groups[i];
+    if (!g->context) continue;
+    local_member *m = &tsr_local_group(g)->m[g->index];
+    if (m->dev_scratch) tsr_allocator_free(c->device_alloc, m->dev_scratch, m->dev_scratch_len);
+    m->dev_scratch = NULL;
+    m->dev_scratch_len = 0;
+  }
+}
+
 /* ---- Point to point ---- */
 
 /* Adds `msg` to `to`'s inbox. Called with lg->mu held. */
@@ -353,8 +384,20 @@ static tsr_status msg_take(tsr_group_t *g, int peer, void *buf, size_t count, ts
       }
       msg->state = LOCAL_MSG_CLAIMED;
       pthread_mutex_unlock(&lg->mu);
-      if (count) memcpy(buf, msg->buf, count * tsr_dtype_size(dt));
+      tsr_status st = TSR_OK;
+      if (count) {
+        tsr_memcpy_any(buf, msg->buf, count * tsr_dtype_size(dt));
+        /* the sender may reuse its buffer once the message is done */
+        st = tsr_device_wait(buf, msg->buf);
+      }
       pthread_mutex_lock(&lg->mu);
+      if (st != TSR_OK) {
+        /* the copy's failure is this rank's to report; the sender's part went through */
+        msg->status = TSR_OK;
+        msg->state = LOCAL_MSG_DONE;
+        pthread_cond_broadcast(&lg->cv);
+        return st;
+      }
       msg->status = TSR_OK;
       msg->state = LOCAL_MSG_DONE;
       pthread_cond_broadcast(&lg->cv);
@@ -390,6 +433,8 @@ static tsr_status local_send(tsr_group_t *g, int peer, const void *buf, size_t c
                              tsr_dtype dt) {
   local_group *lg = tsr_local_group(g);
   local_msg msg = {.from = g->index, .buf = buf, .count = count, .dt = dt};
+  /* the receiver copies from buf as soon as it is posted */
+  TSR_CHECK(tsr_device_wait(buf, NULL));
   struct timespec deadline = deadline_after(g->comm->timeout_s);
   tsr_status st;
   pthread_mutex_lock(&lg->mu);
@@ -418,6 +463,7 @@ static tsr_status local_sendrecv(tsr_group_t *g, int send_peer, const void *send
                                  int recv_peer, void *recv, size_t recv_count, tsr_dtype dt) {
   local_group *lg = tsr_local_group(g);
   local_msg msg = {.from = g->index, .buf = send, .count = send_count, .dt = dt};
+  TSR_CHECK(tsr_device_wait(send, recv));
   struct timespec deadline = deadline_after(g->comm->timeout_s);
   tsr_status st;
   pthread_mutex_lock(&lg->mu);
@@ -450,6 +496,8 @@ static const tsr_comm_iface local_iface = {
     .send = local_send,
     .recv = local_recv,
     .sendrecv = local_sendrecv,
+    .device_memory = true,
+    .release_device = local_release_device,
 };
 
 /* Records that `rank` will make no more calls and wakes every group waiting on it. */

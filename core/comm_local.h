@@ -47,6 +47,8 @@ typedef struct local_member {
   local_msg *inbox_head, *inbox_tail; /* sends addressed to this member, oldest first */
   void *scratch;
   size_t scratch_len;
+  void *dev_scratch; /* from the rank's device allocator (tsr_comm_t.device_alloc) */
+  size_t dev_scratch_len;
   const void **srcs; /* n pointers, for reductions */
   size_t *displs;    /* n + 1 prefix sums of this member's all_to_all send counts */
 } local_member;
@@ -103,6 +105,13 @@ tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call);
 void tsr_local_sync(tsr_group_t *g);
 /* This member's scratch of at least `bytes`. */
 tsr_status tsr_local_scratch(tsr_group_t *g, size_t bytes, void **out);
+/* The same in the rank's device memory; *out is NULL when the rank has no device allocator. */
+tsr_status tsr_local_device_scratch(tsr_group_t *g, size_t bytes, void **out);
+
+/* Waits for the calling member's queued work on the devices of `a` and `b` (either may be NULL or
+ * host memory): before its buffers are posted to peers, and before a peer may reuse a buffer this
+ * member copied from. */
+tsr_status tsr_device_wait(const void *a, const void *b);
 
 /* Data movement, in comm_local_coll.c. */
 tsr_status tsr_local_all_reduce(tsr_group_t *g, const tsr_call *call);

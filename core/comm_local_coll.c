@@ -9,16 +9,58 @@
  *
  * Reductions visit members in group order 0, 1, ..., n-1 on every member and in both all-reduce
  * algorithms, so that every member gets bit-identical floats whatever the algorithm.
+ *
+ * Device buffers (virtual ranks on one device, every rank's memory in one address space) move
+ * without the host: copies are the device's copies, and an f32 sum is the device's add, peer by
+ * peer in the same order, so it rounds as the host sum does. Other reductions on device memory
+ * (max, avg, bf16, integers: small in practice, a loss's row maxima) read and write it through
+ * host blocks. A member's queued device work is waited for before it posts its buffers and before
+ * each later rendezvous, so a peer never reads what is not yet written, nor a member reuses a
+ * buffer a peer is still reading.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm_local.h"
+#include "kernel_table.h"
 
 /* Elements reduced at a time: the accumulator stays in L1 while the peers stream through. */
 #define TSR_REDUCE_BLOCK 512
 
+static bool on_device(const void *p) {
+  return p && tsr_kernel_table_of_ptr(p)->device != TSR_DEVICE_CPU;
+}
+
+tsr_status tsr_device_wait(const void *a, const void *b) {
+  tsr_status st = TSR_OK;
+  if (on_device(a)) st = tsr_kernel_table_of_ptr(a)->sync();
+  if (st == TSR_OK && on_device(b) &&
+      (!a || tsr_kernel_table_of_ptr(a) != tsr_kernel_table_of_ptr(b)))
+    st = tsr_kernel_table_of_ptr(b)->sync();
+  return st;
+}
+
+/* The rendezvous that ends a phase, after this member's device work of the phase is done. A
+ * failure of that work is kept in *st; the member takes part in the rendezvous regardless, as its
+ * peers wait for it. */
+static void phase_end(tsr_group_t *g, const void *a, const void *b, tsr_status *st) {
+  tsr_status w = tsr_device_wait(a, b);
+  if (*st == TSR_OK) *st = w;
+  tsr_local_sync(g);
+}
+
+/* Host view of `len` elements at element `off` of src: src itself on the host, else a copy in
+ * `stage` (TSR_REDUCE_BLOCK * 8 bytes). */
+static const void *host_block(const void *src, size_t off, size_t len, size_t es, void *stage) {
+  if (!on_device(src)) return (const char *)src + off * es;
+  tsr_memcpy_any(stage, (const char *)src + off * es, len * es);
+  return stage;
+}
+
 static void load_f32(tsr_dtype dt, const void *src, size_t off, size_t len, float *out) {
+  uint64_t stage[TSR_REDUCE_BLOCK];
+  src = host_block(src, off, len, tsr_dtype_size(dt), stage);
+  off = 0;
   if (dt == TSR_F32) {
     memcpy(out, (const float *)src + off, len * sizeof *out);
   } else if (dt == TSR_BF16) {
@@ -32,15 +74,18 @@ static void load_f32(tsr_dtype dt, const void *src, size_t off, size_t len, floa
 
 /* The only rounding of a bf16/f16 reduction: accumulation is in f32. */
 static void store_f32(tsr_dtype dt, const float *acc, size_t len, void *dst) {
+  uint64_t stage[TSR_REDUCE_BLOCK];
+  void *out = on_device(dst) ? (void *)stage : dst;
   if (dt == TSR_F32) {
-    memcpy(dst, acc, len * sizeof *acc);
+    memcpy(out, acc, len * sizeof *acc);
   } else if (dt == TSR_BF16) {
-    uint16_t *d = dst;
+    uint16_t *d = out;
     for (size_t i = 0; i < len; i++) d[i] = tsr_f32_to_bf16(acc[i]);
   } else {
-    uint16_t *d = dst;
+    uint16_t *d = out;
     for (size_t i = 0; i < len; i++) d[i] = tsr_f32_to_f16(acc[i]);
   }
+  if (out != dst) tsr_memcpy_any(dst, out, len * tsr_dtype_size(dt));
 }
 
 static void reduce_float(int n, const void *const *srcs, size_t off, size_t len, tsr_dtype dt,
@@ -52,7 +97,7 @@ static void reduce_float(int n, const void *const *srcs, size_t off, size_t len,
     load_f32(dt, srcs[0], off + b, m, acc);
     for (int k = 1; k < n; k++) {
       const float *s = tmp;
-      if (dt == TSR_F32)
+      if (dt == TSR_F32 && !on_device(srcs[k]))
         s = (const float *)srcs[k] + off + b;
       else
         load_f32(dt, srcs[k], off + b, m, tmp);
@@ -70,6 +115,9 @@ static void reduce_float(int n, const void *const *srcs, size_t off, size_t len,
 }
 
 static void load_i64(tsr_dtype dt, const void *src, size_t off, size_t len, int64_t *out) {
+  uint64_t stage[TSR_REDUCE_BLOCK];
+  src = host_block(src, off, len, tsr_dtype_size(dt), stage);
+  off = 0;
   if (dt == TSR_I64) {
     memcpy(out, (const int64_t *)src + off, len * sizeof *out);
   } else {
@@ -96,22 +144,62 @@ static void reduce_int(int n, const void *const *srcs, size_t off, size_t len, t
     }
     if (op == TSR_REDUCE_AVG)
       for (size_t i = 0; i < m; i++) acc[i] /= n;
+    void *out = on_device(dst) ? (void *)tmp : (char *)dst + b * tsr_dtype_size(dt);
     if (dt == TSR_I64) {
-      memcpy((int64_t *)dst + b, acc, m * sizeof *acc);
+      memcpy(out, acc, m * sizeof *acc);
     } else {
-      int32_t *d = (int32_t *)dst + b;
+      int32_t *d = out;
       for (size_t i = 0; i < m; i++) d[i] = (int32_t)(uint32_t)(uint64_t)acc[i];
     }
+    if (out == tmp)
+      tsr_memcpy_any((char *)dst + b * tsr_dtype_size(dt), out, m * tsr_dtype_size(dt));
   }
 }
 
-/* dst[i] = op over k of srcs[k][off + i], i < len. dst may be srcs[self] + off. */
+/* Whether a reduction into `recv` may run on the device as an f32 sum (reduce_device). */
+static bool sum_on_device(const tsr_call *call) {
+  return call->dt == TSR_F32 && call->op == TSR_REDUCE_SUM && on_device(call->recv);
+}
+
+/* The f32 sum on the device when every buffer is memory of one device: srcs[0], then + srcs[1],
+ * + srcs[2], ..., the host loop's order. A dst that is one of the later sources (in place) is
+ * summed in `tmp` (device memory of len floats) first; without tmp that case is left to the
+ * host blocks. */
+static bool reduce_device(int n, const void *const *srcs, size_t off, size_t len, tsr_dtype dt,
+                          tsr_reduce_op op, void *dst, void *tmp) {
+  if (dt != TSR_F32 || op != TSR_REDUCE_SUM || !on_device(dst)) return false;
+  const tsr_kernel_table *k = tsr_kernel_table_of_ptr(dst);
+  bool aliased = false;
+  for (int j = 0; j < n; j++) {
+    if (tsr_kernel_table_of_ptr(srcs[j]) != k) return false;
+    aliased = aliased || (j > 0 && dst == (const float *)srcs[j] + off);
+  }
+  if (aliased && !tmp) return false;
+  float *d = aliased ? tmp : dst;
+  if (d != (const float *)srcs[0] + off) k->copy_d2d(d, (const float *)srcs[0] + off, len * 4);
+  for (int j = 1; j < n; j++) k->add(d, d, (const float *)srcs[j] + off, (int64_t)len);
+  if (aliased) k->copy_d2d(dst, d, len * 4);
+  return true;
+}
+
+/* dst[i] = op over k of srcs[k][off + i], i < len. dst may be srcs[self] + off; `dev_tmp`, NULL
+ * or len elements of device memory, serves reduce_device then. */
 static void reduce(int n, const void *const *srcs, size_t off, size_t len, tsr_dtype dt,
-                   tsr_reduce_op op, void *dst) {
+                   tsr_reduce_op op, void *dst, void *dev_tmp) {
+  if (!len || reduce_device(n, srcs, off, len, dt, op, dst, dev_tmp)) return;
   if (dt == TSR_I32 || dt == TSR_I64)
     reduce_int(n, srcs, off, len, dt, op, dst);
   else
     reduce_float(n, srcs, off, len, dt, op, dst);
+}
+
+/* Whether any member's buffers of the entered call are device memory: the same answer on every
+ * member, so all take the same algorithm. */
+static bool group_on_device(tsr_group_t *g) {
+  local_group *lg = tsr_local_group(g);
+  for (int j = 0; j < g->n; j++)
+    if (on_device(lg->m[j].call.send) || on_device(lg->m[j].call.recv)) return true;
+  return false;
 }
 
 /* This member's array of peer send pointers, allocated before the rendezvous. */
@@ -137,14 +225,22 @@ tsr_status tsr_local_all_reduce(tsr_group_t *g, const tsr_call *call) {
   size_t es = tsr_dtype_size(call->dt), bytes = call->count * es;
   bool small = bytes <= tsr_local_world(g)->small_bytes / (size_t)(n - 1);
   const void **srcs = NULL;
-  void *dst = call->recv;
+  void *dst = call->recv, *dev_tmp = NULL;
+  size_t off = (size_t)tsr_chunk_start((int64_t)call->count, n, me);
+  size_t len = (size_t)tsr_chunk_size((int64_t)call->count, n, me);
   TSR_CHECK(srcs_prepare(g, &srcs));
   /* In place, the latency algorithm would overwrite a buffer its peers are still reading. */
   if (small && call->send == call->recv && bytes) TSR_CHECK(tsr_local_scratch(g, bytes, &dst));
+  if (call->send == call->recv && sum_on_device(call) && len)
+    TSR_CHECK(tsr_local_device_scratch(g, len * es, &dev_tmp));
+  TSR_CHECK(tsr_device_wait(call->send, call->recv));
   TSR_CHECK(tsr_local_enter(g, call));
   srcs_fill(g, srcs);
-  if (small) {
-    reduce(n, srcs, 0, call->count, call->dt, call->op, dst);
+  tsr_status st = TSR_OK;
+  /* On a device the bandwidth algorithm always: its in-place safety needs no host scratch, and
+   * the rendezvous it adds cost nothing beside the device waits. */
+  if (small && !group_on_device(g)) {
+    reduce(n, srcs, 0, call->count, call->dt, call->op, dst, NULL);
     tsr_local_sync(g);
     if (dst != call->recv) memcpy(call->recv, dst, bytes);
     return TSR_OK;
@@ -152,47 +248,54 @@ tsr_status tsr_local_all_reduce(tsr_group_t *g, const tsr_call *call) {
   /* Bandwidth algorithm: member i reduces chunk i of every peer's send into its own recv (no peer
    * reads that chunk of its send, so in place is safe), then copies the other chunks from the
    * members that reduced them. */
-  size_t off = (size_t)tsr_chunk_start((int64_t)call->count, n, me);
-  size_t len = (size_t)tsr_chunk_size((int64_t)call->count, n, me);
-  reduce(n, srcs, off, len, call->dt, call->op, (char *)call->recv + off * es);
-  tsr_local_sync(g);
+  reduce(n, srcs, off, len, call->dt, call->op, (char *)call->recv + off * es, dev_tmp);
+  phase_end(g, call->recv, NULL, &st);
   for (int j = 0; j < n; j++) {
     if (j == me) continue;
     size_t jo = (size_t)tsr_chunk_start((int64_t)call->count, n, j);
     size_t jl = (size_t)tsr_chunk_size((int64_t)call->count, n, j);
     if (jl)
-      memcpy((char *)call->recv + jo * es, (const char *)lg->m[j].call.recv + jo * es, jl * es);
+      tsr_memcpy_any((char *)call->recv + jo * es, (const char *)lg->m[j].call.recv + jo * es,
+                     jl * es);
   }
-  tsr_local_sync(g);
-  return TSR_OK;
+  phase_end(g, call->recv, NULL, &st);
+  return st;
 }
 
 tsr_status tsr_local_all_gather(tsr_group_t *g, const tsr_call *call) {
   local_group *lg = tsr_local_group(g);
   size_t es = tsr_dtype_size(call->dt), off = 0;
+  tsr_status st = TSR_OK;
+  TSR_CHECK(tsr_device_wait(call->send, call->recv));
   TSR_CHECK(tsr_local_enter(g, call));
   for (int j = 0; j < g->n; j++) {
     size_t bytes = call->counts[j] * es;
     char *dst = (char *)call->recv + off * es;
     const void *src = lg->m[j].call.send;
     /* In place is the own contribution already at its offset in recv. */
-    if (bytes && src != dst) memcpy(dst, src, bytes);
+    if (bytes && src != dst) tsr_memcpy_any(dst, src, bytes);
     off += call->counts[j];
   }
-  tsr_local_sync(g);
-  return TSR_OK;
+  phase_end(g, call->recv, NULL, &st);
+  return st;
 }
 
 tsr_status tsr_local_reduce_scatter(tsr_group_t *g, const tsr_call *call) {
   const void **srcs = NULL;
   size_t off = 0;
   for (int j = 0; j < g->index; j++) off += call->counts[j];
+  size_t es = tsr_dtype_size(call->dt), len = call->counts[g->index];
+  void *dev_tmp = NULL;
+  tsr_status st = TSR_OK;
   TSR_CHECK(srcs_prepare(g, &srcs));
+  if ((const char *)call->recv == (const char *)call->send + off * es && sum_on_device(call) && len)
+    TSR_CHECK(tsr_local_device_scratch(g, len * es, &dev_tmp));
+  TSR_CHECK(tsr_device_wait(call->send, call->recv));
   TSR_CHECK(tsr_local_enter(g, call));
   srcs_fill(g, srcs);
-  reduce(g->n, srcs, off, call->counts[g->index], call->dt, call->op, call->recv);
-  tsr_local_sync(g);
-  return TSR_OK;
+  reduce(g->n, srcs, off, len, call->dt, call->op, call->recv, dev_tmp);
+  phase_end(g, call->recv, NULL, &st);
+  return st;
 }
 
 tsr_status tsr_local_all_to_all(tsr_group_t *g, const tsr_call *call) {
@@ -207,27 +310,31 @@ tsr_status tsr_local_all_to_all(tsr_group_t *g, const tsr_call *call) {
   /* Peers read these offsets into this member's send buffer after the rendezvous. */
   self->displs[0] = 0;
   for (int j = 0; j < g->n; j++) self->displs[j + 1] = self->displs[j] + call->counts[j];
+  tsr_status st = TSR_OK;
+  TSR_CHECK(tsr_device_wait(call->send, call->recv));
   TSR_CHECK(tsr_local_enter(g, call));
   size_t off = 0;
   for (int j = 0; j < g->n; j++) {
     const local_member *peer = &lg->m[j];
     size_t bytes = call->recv_counts[j] * es;
     if (bytes)
-      memcpy((char *)call->recv + off * es,
-             (const char *)peer->call.send + peer->displs[g->index] * es, bytes);
+      tsr_memcpy_any((char *)call->recv + off * es,
+                     (const char *)peer->call.send + peer->displs[g->index] * es, bytes);
     off += call->recv_counts[j];
   }
-  tsr_local_sync(g);
-  return TSR_OK;
+  phase_end(g, call->recv, NULL, &st);
+  return st;
 }
 
 tsr_status tsr_local_broadcast(tsr_group_t *g, const tsr_call *call) {
   local_group *lg = tsr_local_group(g);
+  tsr_status st = TSR_OK;
+  TSR_CHECK(tsr_device_wait(call->send, call->recv));
   TSR_CHECK(tsr_local_enter(g, call));
   if (g->index != call->root && call->count)
-    memcpy(call->recv, lg->m[call->root].call.send, call->count * tsr_dtype_size(call->dt));
-  tsr_local_sync(g);
-  return TSR_OK;
+    tsr_memcpy_any(call->recv, lg->m[call->root].call.send, call->count * tsr_dtype_size(call->dt));
+  phase_end(g, call->recv, NULL, &st);
+  return st;
 }
 
 tsr_status tsr_local_barrier(tsr_group_t *g, const tsr_call *call) {

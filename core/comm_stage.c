@@ -1,10 +1,10 @@
 /* Host staging of device buffers for backends that move host memory only (comm_impl.h).
  *
- * This is what lets every mesh run on one device through the `local` backend (N virtual ranks on
- * one GPU) and through `mpi`: a call on device buffers is copied to host buffers, run by the
- * backend as a host call, and the result copied back. Correct on any backend, and costly: two
- * transfers per call on top of the collective. A backend that moves device memory itself sets
- * device_memory and is never staged. */
+ * This is what lets ranks on devices talk through `mpi`: a call on device buffers is copied to
+ * host buffers, run by the backend as a host call, and the result copied back. Correct on any
+ * backend, and costly: two transfers per call on top of the collective. A backend that moves
+ * device memory itself sets device_memory and is never staged: `nccl`, and `local`, whose virtual
+ * ranks on one device copy and sum each other's device buffers (comm_local_coll.c). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -1,6 +1,7 @@
 /* The per-rank context. */
 #include <stdlib.h>
 
+#include "comm_impl.h"
 #include "kernel_table.h"
 #include "tessera/rank.h"
 
@@ -33,9 +34,11 @@ tsr_status tsr_rank_set_device(tsr_rank_t *r, tsr_device dev) {
   TSR_CHECK(tsr_kernel_table_for(dev, &k));
   tsr_allocator a;
   TSR_CHECK(k->allocator_init(&a, dev.index));
+  tsr_comm_set_device_allocator(r->comm, NULL);
   r->device->allocator_release(&r->alloc);
   r->alloc = a;
   r->device = k;
+  if (dev.kind != TSR_DEVICE_CPU) tsr_comm_set_device_allocator(r->comm, &r->alloc);
   return TSR_OK;
 }
 
@@ -45,6 +48,8 @@ tsr_device tsr_rank_device(const tsr_rank_t *r) {
 
 void tsr_rank_free(tsr_rank_t *r) {
   if (!r) return;
+  /* the backend's device scratch is this allocator's: it goes first */
+  tsr_comm_set_device_allocator(r->comm, NULL);
   r->device->allocator_release(&r->alloc);
   free(r);
 }

@@ -4,11 +4,16 @@
 # sizes 3 and 4, the FSDP / HSDP dims and sequence parallelism, and compares each first-step dump (logits, loss,
 # gradients, parameters after AdamW) with the 1-rank run at rtol = atol = 1e-4.
 #
+# DEVICE=emu|cuda runs every mesh on that device, all ranks on one device as virtual ranks (the
+# 1-rank reference stays on the CPU), compared at RTOL / ATOL (default 1e-4; the caller sets the
+# device's, e.g. TF32's on a GPU).
+#
 # A mesh the model cannot be split over is skipped with the reason printed, but only when
 # `tessera run` refuses it at plan time (exit 2) with one of the messages in SPLIT_REFUSALS;
 # any other failure fails the matrix.
 set -u
 bin=$1 job=$2 dir=$3
+dev=${DEVICE:-cpu} rtol=${RTOL:-1e-4} atol=${ATOL:-1e-4}
 mkdir -p "$dir"
 SPLIT_REFUSALS='cannot be split|does not divide|not divisible|at least one|leaves rank'
 dims5=pp,dp,ring_cp,ulysses_cp,tp
@@ -20,7 +25,7 @@ pass=0 skip=0 fail=0
 check() { # check DIMS SHAPE [PLUGINS]
   name=$(echo "$1=$2${3:+=$3}" | tr ',' '_')
   out="$dir/$name"
-  "$bin" run "$job" --no-peak --set "mesh.dims=$1" --set "mesh.shape=$2" \
+  "$bin" run "$job" --no-peak --set "job.device=$dev" --set "mesh.dims=$1" --set "mesh.shape=$2" \
     ${3:+--set "plugins.load=$3"} --dump "$out.safetensors" >"$out.log" 2>&1
   rc=$?
   if [ $rc -eq 2 ] && grep -Eq "$SPLIT_REFUSALS" "$out.log"; then
@@ -30,7 +35,7 @@ check() { # check DIMS SHAPE [PLUGINS]
     fail=$((fail + 1))
     echo "FAIL $1 = $2${3:+ with $3}: exit $rc"
     sed 's/^/    /' "$out.log" | tail -5
-  elif "$bin" compare "$out.safetensors" "$dir/one.safetensors" --rtol 1e-4 --atol 1e-4 \
+  elif "$bin" compare "$out.safetensors" "$dir/one.safetensors" --rtol "$rtol" --atol "$atol" \
     >"$out.cmp" 2>&1; then
     pass=$((pass + 1))
     echo "PASS $1 = $2${3:+ with $3}: $(grep '^max abs' "$out.cmp" | sed 's/, max rel.*//')"
@@ -67,5 +72,5 @@ check $dims5 1,2,1,1,2 $with_sp
 check $dims5 2,1,2,1,2 $with_sp
 check $dims5 1,1,1,2,2 $with_sp
 
-echo "mesh matrix: $pass passed, $skip skipped, $fail failed"
+echo "mesh matrix on $dev: $pass passed, $skip skipped, $fail failed"
 [ $fail -eq 0 ] && [ $pass -ge 30 ]

@@ -2,8 +2,8 @@
  * host cannot dereference behind the CPU kernels. A run there must equal the same run on the CPU
  * bit for bit, so these tests compare exactly; a host touch of device memory anywhere on the path
  * crashes the test instead of passing unnoticed. What they prove for CUDA is the core's side:
- * every byte moves through the kernel table, and every collective gets device buffers it can
- * stage. The CUDA kernels themselves are checked by tests/cuda on a GPU. */
+ * every byte moves through the kernel table, and every collective moves device buffers without
+ * a host touch. The CUDA kernels themselves are checked by tests/cuda on a GPU. */
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -249,6 +249,110 @@ static void test_collectives_on_device(void **state) {
   if (tsr_local_launch(WORLD, 10.0, coll_body, NULL) != TSR_OK) fail_msg("%s", tsr_last_error());
 }
 
+/* ---- reductions on device memory against the same reductions on host memory ---- */
+
+typedef struct red_case {
+  const char *what;
+  bool scatter; /* reduce_scatter (counts 1, 2, rest) instead of all_reduce */
+  tsr_dtype dt;
+  tsr_reduce_op op;
+  int64_t count;
+  bool in_place;  /* recv is send (all_reduce) or the own chunk of send (reduce_scatter) */
+  bool host_send; /* send on the host, recv on the device */
+} red_case;
+
+/* Member m's i-th value: not integers, so a different summation order would show. */
+static double red_input(int64_t i, int m) {
+  return 0.1 * (double)(i % 97 + 1) * (m + 1) + 1e-3 * m - (i % 5 == 2 ? 7.3 : 0.0);
+}
+
+/* Runs the case once on host tensors and once on device ones; the received bytes must be equal. */
+static tsr_status red_run(tsr_rank_t *r, tsr_group_t *g, const red_case *c) {
+  int me = tsr_comm_rank(tsr_rank_comm(r));
+  size_t counts[WORLD] = {1, 2, (size_t)c->count - 3};
+  size_t own = c->scatter ? counts[me] : (size_t)c->count, off = 0;
+  for (int j = 0; c->scatter && j < me; j++) off += counts[j];
+  tsr_tensor *t[2][2] = {{NULL, NULL}, {NULL, NULL}}, *got[2] = {NULL, NULL};
+  tsr_status st = TSR_OK;
+  for (int dev = 0; dev < 2; dev++) {
+    tsr_allocator *send_a = dev && !c->host_send ? tsr_rank_allocator(r) : NULL;
+    tsr_allocator *recv_a = dev ? tsr_rank_allocator(r) : NULL;
+    TSR_CHECK_GOTO(tsr_tensor_new(NULL, c->dt, 1, &c->count, &t[dev][0]), st);
+    for (int64_t i = 0; i < c->count; i++) tsr_tensor_set(t[dev][0], &i, red_input(i, me));
+    if (send_a) {
+      tsr_tensor *moved;
+      TSR_CHECK_GOTO(tsr_tensor_to(t[dev][0], send_a, &moved), st);
+      tsr_tensor_free(t[dev][0]);
+      t[dev][0] = moved;
+    }
+    char *send = tsr_tensor_data(t[dev][0]), *recv;
+    size_t es = tsr_dtype_size(c->dt);
+    if (c->in_place) {
+      recv = send + (c->scatter ? off * es : 0);
+    } else {
+      int64_t n = (int64_t)own;
+      TSR_CHECK_GOTO(tsr_tensor_new(recv_a, c->dt, 1, &n, &t[dev][1]), st);
+      recv = tsr_tensor_data(t[dev][1]);
+    }
+    if (c->scatter)
+      TSR_CHECK_GOTO(tsr_comm_reduce_scatter(g, send, recv, own, counts, c->dt, c->op), st);
+    else
+      TSR_CHECK_GOTO(tsr_comm_all_reduce(g, send, recv, own, c->dt, c->op), st);
+    tsr_tensor *whole = t[dev][c->in_place ? 0 : 1], *view;
+    TSR_CHECK_GOTO(tsr_tensor_narrow(whole, 0, c->in_place ? (int64_t)off : 0, (int64_t)own, &view),
+                   st);
+    st = tsr_tensor_to(view, NULL, &got[dev]);
+    tsr_tensor_free(view);
+    if (st != TSR_OK) goto cleanup;
+  }
+  if (memcmp(tsr_tensor_data(got[0]), tsr_tensor_data(got[1]), tsr_tensor_nbytes(got[0])))
+    st = TSR_ERROR(TSR_EINTERNAL, "%s: device result differs from host on rank %d", c->what, me);
+cleanup:
+  for (int i = 0; i < 2; i++) {
+    tsr_tensor_free(t[i][0]);
+    tsr_tensor_free(t[i][1]);
+    tsr_tensor_free(got[i]);
+  }
+  return st;
+}
+
+static const red_case red_cases[] = {
+    /* past the small-message size: the bandwidth algorithm, in place needs device scratch */
+    {"all_reduce sum in place", false, TSR_F32, TSR_REDUCE_SUM, 20000, true, false},
+    {"all_reduce sum", false, TSR_F32, TSR_REDUCE_SUM, 7, false, false},
+    {"all_reduce sum from host", false, TSR_F32, TSR_REDUCE_SUM, 9, false, true},
+    /* through host blocks: more than one block of 512 */
+    {"all_reduce max in place", false, TSR_F32, TSR_REDUCE_MAX, 1100, true, false},
+    {"all_reduce avg", false, TSR_F32, TSR_REDUCE_AVG, 5, false, false},
+    {"all_reduce bf16 sum", false, TSR_BF16, TSR_REDUCE_SUM, 600, false, false},
+    {"all_reduce i64 sum in place", false, TSR_I64, TSR_REDUCE_SUM, 3, true, false},
+    {"reduce_scatter sum in place", true, TSR_F32, TSR_REDUCE_SUM, 10, true, false},
+    {"reduce_scatter sum", true, TSR_F32, TSR_REDUCE_SUM, 700, false, false},
+};
+
+static tsr_status red_body(tsr_comm_t *comm, void *arg) {
+  (void)arg;
+  tsr_rank_t *r = NULL;
+  tsr_group_t *g;
+  int ranks[WORLD] = {0, 1, 2};
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_set_device(r, emu), st);
+  TSR_CHECK_GOTO(tsr_comm_group(comm, WORLD, ranks, "dp", &g), st);
+  for (size_t i = 0; i < sizeof red_cases / sizeof red_cases[0]; i++)
+    TSR_CHECK_GOTO(red_run(r, g, &red_cases[i]), st);
+cleanup:
+  tsr_rank_free(r);
+  return st;
+}
+
+/* The local backend reduces device buffers itself (f32 sums with the device's add, the rest
+ * through host blocks): every case equals the host backend's bytes. */
+static void test_reductions_on_device(void **state) {
+  (void)state;
+  if (tsr_local_launch(WORLD, 10.0, red_body, NULL) != TSR_OK) fail_msg("%s", tsr_last_error());
+}
+
 /* ---- the model's training step ---- */
 
 typedef struct step_case {
@@ -326,11 +430,9 @@ static void test_step_pp2_dp2(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_tensors_on_device),
-      cmocka_unit_test(test_host_touch_faults),
-      cmocka_unit_test(test_collectives_on_device),
-      cmocka_unit_test(test_step_one_rank),
-      cmocka_unit_test(test_step_dp2),
+      cmocka_unit_test(test_tensors_on_device),     cmocka_unit_test(test_host_touch_faults),
+      cmocka_unit_test(test_collectives_on_device), cmocka_unit_test(test_reductions_on_device),
+      cmocka_unit_test(test_step_one_rank),         cmocka_unit_test(test_step_dp2),
       cmocka_unit_test(test_step_pp2_dp2),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
