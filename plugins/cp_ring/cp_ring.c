@@ -44,7 +44,6 @@ static tsr_status ring_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
   int n = mesh_size(cfg, RING_DIM);
   if (n == 1) return TSR_OK;
-  TSR_CHECK(tsr_plugin_require_host(args, "runs its ring attention kernels on host memory"));
   ring_balance b = RING_BALANCE_NONE;
   TSR_CHECK(read_balance(args, &b));
   int64_t L = cfg->data.seq_len, need = b == RING_BALANCE_ZIGZAG ? 2 * n : n;

@@ -3,7 +3,7 @@
 #ifndef CP_RING_IMPL_H
 #define CP_RING_IMPL_H
 
-#include "tessera/kernels.h"
+#include "tessera/device.h"
 #include "tessera/ops.h"
 
 #define RING_DIM "ring_cp"

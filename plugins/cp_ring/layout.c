@@ -127,7 +127,8 @@ static tsr_status zigzag_gather(tsr_rank_t *r, const tsr_dtensor *x, int dim, ts
   TSR_CHECK(tsr_mesh_group(x->mesh, tsr_rank_comm(r), 1u << dim, &g));
   tsr_tensor *flat = NULL, *src = NULL, *t = NULL, *piece = NULL, *blk = NULL;
   tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_tensor_new(NULL, x->dtype, 1, &total, &flat), st);
+  /* beside loc, so that placing the members' halves copies within the device */
+  TSR_CHECK_GOTO(tsr_tensor_new(tsr_tensor_scratch_allocator(loc), x->dtype, 1, &total, &flat), st);
   TSR_CHECK_GOTO(tsr_tensor_clone(loc, &src), st);
   TSR_CHECK_GOTO(tsr_comm_all_gather(g, tsr_tensor_data(src), (size_t)count, tsr_tensor_data(flat),
                                      NULL, x->dtype),
@@ -224,14 +225,14 @@ cleanup:
 /* ---- RoPE on zigzag rows ---- */
 
 typedef struct rope_saved {
-  float *cos_t, *sin_t; /* (L, D) */
+  tsr_tensor *cos_t, *sin_t; /* (L, D), on x's device */
 } rope_saved;
 
 void ring_rope_saved_free(void *p) {
   rope_saved *s = p;
   if (!s) return;
-  free(s->cos_t);
-  free(s->sin_t);
+  tsr_tensor_free(s->cos_t);
+  tsr_tensor_free(s->sin_t);
   free(s);
 }
 
@@ -245,23 +246,31 @@ tsr_status ring_rope_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor 
   if (!x->local) return TSR_OK;
   const int64_t *ls = x->local->shape;
   int B = (int)ls[0], L = (int)ls[1], H = (int)ls[2], D = (int)ls[3], n = 0;
-  int32_t *pos = NULL;
-  TSR_CHECK(ring_positions(ctx, x->mesh, x->placements, x->shape[1], tsr_rank_id(r), &pos, &n));
   rope_saved *s = calloc(1, sizeof *s);
+  if (!s) return TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory saving rope");
+  *saved = s;
+  const tsr_kernel_table *kt = tsr_kernel_table_of(x->local);
+  tsr_allocator *alloc = tsr_tensor_scratch_allocator(x->local);
+  int64_t tshape[2] = {L, D};
+  int32_t *pos = NULL;
+  tsr_tensor *pos_t = NULL;
   tsr_status st = TSR_OK;
-  if (s) {
-    *saved = s;
-    s->cos_t = malloc(sizeof(float) * ((size_t)L * D + 1));
-    s->sin_t = malloc(sizeof(float) * ((size_t)L * D + 1));
-  }
-  if (!s || !s->cos_t || !s->sin_t)
-    st = TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory for rope tables");
-  else if (n != L)
+  TSR_CHECK_GOTO(ring_positions(ctx, x->mesh, x->placements, x->shape[1], tsr_rank_id(r), &pos, &n),
+                 st);
+  if (n != L) {
     st = TSR_ERROR(TSR_EINTERNAL, "cp_ring: %d positions for %d local rows", n, L);
-  if (st == TSR_OK) st = tsr_kernel_rope_tables(s->cos_t, s->sin_t, pos, L, D, a->theta);
-  if (st == TSR_OK)
-    tsr_kernel_rope_forward(tsr_tensor_data((*out)->local), tsr_tensor_data(x->local), s->cos_t,
-                            s->sin_t, B, L, H, D);
+    goto cleanup;
+  }
+  TSR_CHECK_GOTO(tsr_tensor_from_i32(alloc, n, pos, &pos_t), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 2, tshape, &s->cos_t), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 2, tshape, &s->sin_t), st);
+  TSR_CHECK_GOTO(kt->rope_tables(tsr_tensor_data(s->cos_t), tsr_tensor_data(s->sin_t),
+                                 tsr_tensor_data(pos_t), L, D, a->theta),
+                 st);
+  kt->rope_forward(tsr_tensor_data((*out)->local), tsr_tensor_data(x->local),
+                   tsr_tensor_data(s->cos_t), tsr_tensor_data(s->sin_t), B, L, H, D);
+cleanup:
+  tsr_tensor_free(pos_t);
   free(pos);
   return st;
 }
@@ -277,7 +286,8 @@ tsr_status ring_rope_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor
   if (!x->local) return TSR_OK;
   const rope_saved *s = saved;
   const int64_t *ls = x->local->shape;
-  tsr_kernel_rope_backward(tsr_tensor_data(gins[0]->local), tsr_tensor_data(gouts[0]->local),
-                           s->cos_t, s->sin_t, (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
+  tsr_kernel_table_of(x->local)->rope_backward(
+      tsr_tensor_data(gins[0]->local), tsr_tensor_data(gouts[0]->local), tsr_tensor_data(s->cos_t),
+      tsr_tensor_data(s->sin_t), (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
   return TSR_OK;
 }

@@ -18,35 +18,43 @@
 
 #include "cp_ring_impl.h"
 
+/* Every tensor is on q's device (scratch made with tsr_tensor_scratch_allocator); the positions
+ * are built on the host, and what the skip test needs of them is kept there as `visible`. */
 typedef struct ring_saved {
   int B, Lq, Lk, Hq, Hkv, D, n, me;
   bool causal;
-  int32_t *q_pos;   /* (Lq) */
-  int32_t *k_pos;   /* (n, Lk): positions of member j's block */
-  float *q, *kv;    /* (B, Hq, Lq, D); own k then v, (B, Hkv, Lk, D) each */
-  float *out, *lse; /* merged (B, Hq, Lq, D), (B, Hq, Lq) */
+  bool *visible;         /* (n): whether member j's block has a key some local query sees */
+  tsr_tensor *q_pos;     /* (Lq) i32 */
+  tsr_tensor *k_pos;     /* (n, Lk) i32: positions of member j's block */
+  tsr_tensor *q, *kv;    /* (B, Hq, Lq, D); own k then v, (2, B, Hkv, Lk, D) */
+  tsr_tensor *out, *lse; /* merged (B, Hq, Lq, D), (B, Hq, Lq) */
 } ring_saved;
 
 void ring_sdpa_saved_free(void *p) {
   ring_saved *s = p;
   if (!s) return;
-  free(s->q_pos);
-  free(s->k_pos);
-  free(s->q);
-  free(s->kv);
-  free(s->out);
-  free(s->lse);
+  free(s->visible);
+  tsr_tensor_free(s->q_pos);
+  tsr_tensor_free(s->k_pos);
+  tsr_tensor_free(s->q);
+  tsr_tensor_free(s->kv);
+  tsr_tensor_free(s->out);
+  tsr_tensor_free(s->lse);
   free(s);
 }
 
-/* False when every key of member j's block is in the future of every local query. */
-static bool block_visible(const ring_saved *s, int j) {
-  if (!s->causal || s->Lk == 0) return s->Lk > 0;
-  int32_t kmin = s->k_pos[(size_t)j * s->Lk], qmax = -1;
-  for (int i = 0; i < s->Lk; i++)
-    if (s->k_pos[(size_t)j * s->Lk + i] < kmin) kmin = s->k_pos[(size_t)j * s->Lk + i];
-  for (int i = 0; i < s->Lq; i++)
-    if (s->q_pos[i] > qmax) qmax = s->q_pos[i];
+static float *fdata(const tsr_tensor *t) {
+  return tsr_tensor_data(t);
+}
+
+/* False when every key of the block (k_pos, Lk) is in the future of every local query. */
+static bool block_visible(bool causal, const int32_t *q_pos, int Lq, const int32_t *k_pos, int Lk) {
+  if (!causal || Lk == 0) return Lk > 0;
+  int32_t kmin = k_pos[0], qmax = -1;
+  for (int i = 0; i < Lk; i++)
+    if (k_pos[i] < kmin) kmin = k_pos[i];
+  for (int i = 0; i < Lq; i++)
+    if (q_pos[i] > qmax) qmax = q_pos[i];
   return kmin <= qmax;
 }
 
@@ -58,28 +66,59 @@ static size_t kv_elems(const ring_saved *s) {
   return (size_t)s->B * s->Hkv * s->Lk * s->D;
 }
 
-/* Positions of this rank's queries and of every ring member's keys; every block must have the
- * same length, since the blocks travel in fixed-size messages. */
-static tsr_status block_positions(tsr_rank_t *r, const ring_state *st, tsr_group_t *g,
-                                  const tsr_dtensor *q, const tsr_dtensor *k, ring_saved *s) {
+/* Positions of this rank's queries and of every ring member's keys, put on `alloc`'s device;
+ * every block must have the same length, since the blocks travel in fixed-size messages. */
+static tsr_status block_positions(tsr_rank_t *r, const ring_state *rs, tsr_group_t *g,
+                                  const tsr_dtensor *q, const tsr_dtensor *k, tsr_allocator *alloc,
+                                  ring_saved *s) {
   int n = 0;
-  TSR_CHECK(ring_positions(st, q->mesh, q->placements, q->shape[1], tsr_rank_id(r), &s->q_pos, &n));
-  if (n != s->Lq) return TSR_ERROR(TSR_EINTERNAL, "cp_ring: %d positions for %d rows", n, s->Lq);
-  s->k_pos = malloc(sizeof(int32_t) * ((size_t)s->n * s->Lk + 1));
-  if (!s->k_pos) return TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory for key positions");
-  for (int j = 0; j < s->n; j++) {
-    int32_t *p = NULL;
-    TSR_CHECK(
-        ring_positions(st, k->mesh, k->placements, k->shape[1], tsr_group_rank(g, j), &p, &n));
-    if (n == s->Lk) memcpy(s->k_pos + (size_t)j * s->Lk, p, sizeof(int32_t) * (size_t)n);
-    free(p);
-    if (n != s->Lk)
-      return TSR_ERROR(TSR_EINVAL,
-                       "cp_ring: ring_cp member %d holds %d sequence rows and member %d holds %d; "
-                       "ring attention passes equal blocks: use a sequence length that ring_cp "
-                       "(times the other sequence-sharding dims) divides",
-                       s->me, s->Lk, j, n);
+  int32_t *qp = NULL, *kp = NULL, *p = NULL;
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(ring_positions(rs, q->mesh, q->placements, q->shape[1], tsr_rank_id(r), &qp, &n),
+                 st);
+  if (n != s->Lq) {
+    st = TSR_ERROR(TSR_EINTERNAL, "cp_ring: %d positions for %d rows", n, s->Lq);
+    goto cleanup;
   }
+  kp = malloc(sizeof(int32_t) * ((size_t)s->n * s->Lk + 1));
+  s->visible = calloc((size_t)s->n, sizeof *s->visible);
+  if (!kp || !s->visible) {
+    st = TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory for key positions");
+    goto cleanup;
+  }
+  for (int j = 0; j < s->n; j++) {
+    TSR_CHECK_GOTO(
+        ring_positions(rs, k->mesh, k->placements, k->shape[1], tsr_group_rank(g, j), &p, &n), st);
+    if (n != s->Lk) {
+      st = TSR_ERROR(TSR_EINVAL,
+                     "cp_ring: ring_cp member %d holds %d sequence rows and member %d holds %d; "
+                     "ring attention passes equal blocks: use a sequence length that ring_cp "
+                     "(times the other sequence-sharding dims) divides",
+                     s->me, s->Lk, j, n);
+      goto cleanup;
+    }
+    memcpy(kp + (size_t)j * s->Lk, p, sizeof(int32_t) * (size_t)n);
+    s->visible[j] = block_visible(s->causal, qp, s->Lq, p, n);
+    free(p);
+    p = NULL;
+  }
+  TSR_CHECK_GOTO(tsr_tensor_from_i32(alloc, s->Lq, qp, &s->q_pos), st);
+  TSR_CHECK_GOTO(tsr_tensor_from_i32(alloc, (int64_t)s->n * s->Lk, kp, &s->k_pos), st);
+cleanup:
+  free(p);
+  free(kp);
+  free(qp);
+  return st;
+}
+
+/* The running log-sum-exp starts at -inf, so that the first merge keeps the first block. */
+static tsr_status lse_init(const tsr_kernel_table *kt, tsr_tensor *lse) {
+  size_t rows = (size_t)tsr_tensor_numel(lse);
+  float *h = malloc(sizeof(float) * (rows + 1));
+  if (!h) return TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory for %zu log-sum-exp rows", rows);
+  for (size_t i = 0; i < rows; i++) h[i] = -INFINITY;
+  kt->copy_h2d(tsr_tensor_data(lse), h, sizeof(float) * rows);
+  free(h);
   return TSR_OK;
 }
 
@@ -111,45 +150,48 @@ tsr_status ring_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor 
                      "cp_ring: local q has %d heads and k %d (batch %d / %d, head dim %d / %d); "
                      "the query heads must be a multiple of the kv heads",
                      s->Hq, s->Hkv, s->B, (int)kl[0], s->D, (int)kl[3]);
-  TSR_CHECK(block_positions(r, ctx, g, q, k, s));
+  const tsr_kernel_table *kt = tsr_kernel_table_of(q->local);
+  tsr_allocator *alloc = tsr_tensor_scratch_allocator(q->local);
+  TSR_CHECK(block_positions(r, ctx, g, q, k, alloc, s));
   size_t nq = q_elems(s), nk = kv_elems(s), rows = (size_t)s->B * s->Hq * s->Lq;
-  s->q = malloc(sizeof(float) * (nq + 1));
-  s->kv = malloc(sizeof(float) * (2 * nk + 1));
-  s->out = malloc(sizeof(float) * (nq + 1));
-  s->lse = malloc(sizeof(float) * (rows + 1));
-  float *work = malloc(sizeof(float) * (4 * nk + nq + rows + 1));
+  int64_t qshape[4] = {s->B, s->Hq, s->Lq, s->D}, kvshape[5] = {2, s->B, s->Hkv, s->Lk, s->D};
+  int64_t lshape[3] = {s->B, s->Hq, s->Lq}, nwork = (int64_t)(4 * nk + nq + rows);
+  tsr_tensor *work = NULL;
   tsr_status st = TSR_OK;
-  if (!s->q || !s->kv || !s->out || !s->lse || !work) {
-    free(work);
-    return TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory for ring attention");
-  }
-  float *cur = work, *nxt = cur + 2 * nk, *bout = nxt + 2 * nk, *blse = bout + nq;
-  tsr_kernel_blhd_to_bhld(s->q, tsr_tensor_data(q->local), s->B, s->Lq, s->Hq, s->D);
-  tsr_kernel_blhd_to_bhld(s->kv, tsr_tensor_data(k->local), s->B, s->Lk, s->Hkv, s->D);
-  tsr_kernel_blhd_to_bhld(s->kv + nk, tsr_tensor_data(v->local), s->B, s->Lk, s->Hkv, s->D);
-  memcpy(cur, s->kv, sizeof(float) * 2 * nk);
-  memset(s->out, 0, sizeof(float) * nq);
-  for (size_t i = 0; i < rows; i++) s->lse[i] = -INFINITY;
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, qshape, &s->q), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 5, kvshape, &s->kv), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, qshape, &s->out), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 3, lshape, &s->lse), st);
+  TSR_CHECK_GOTO(lse_init(kt, s->lse), st);
+  /* cur and nxt hold a travelling k, v block; bout and blse one block's partial result */
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 1, &nwork, &work), st);
+  float *cur = fdata(work), *nxt = cur + 2 * nk, *bout = nxt + 2 * nk, *blse = bout + nq;
+  float *sq = fdata(s->q), *skv = fdata(s->kv), *sout = fdata(s->out), *slse = fdata(s->lse);
+  const int32_t *qpos = tsr_tensor_data(s->q_pos), *kpos = tsr_tensor_data(s->k_pos);
+  kt->blhd_to_bhld(sq, fdata(q->local), s->B, s->Lq, s->Hq, s->D);
+  kt->blhd_to_bhld(skv, fdata(k->local), s->B, s->Lk, s->Hkv, s->D);
+  kt->blhd_to_bhld(skv + nk, fdata(v->local), s->B, s->Lk, s->Hkv, s->D);
+  kt->copy_d2d(cur, skv, sizeof(float) * 2 * nk);
   int next = (s->me + 1) % s->n, prev = (s->me + s->n - 1) % s->n;
-  for (int step = 0; step < s->n && st == TSR_OK; step++) {
+  for (int step = 0; step < s->n; step++) {
     int j = (s->me + s->n - step) % s->n;
-    if (block_visible(s, j)) {
-      st = tsr_kernel_attention_forward(bout, blse, s->q, cur, cur + nk, s->q_pos,
-                                        s->k_pos + (size_t)j * s->Lk, s->B, s->Hq, s->Hkv, s->Lq,
-                                        s->Lk, s->D, s->causal);
-      if (st == TSR_OK)
-        tsr_kernel_attention_merge(s->out, s->lse, s->out, s->lse, bout, blse, (int)rows, s->D);
+    if (s->visible[j]) {
+      TSR_CHECK_GOTO(kt->attention_forward(bout, blse, sq, cur, cur + nk, qpos,
+                                           kpos + (size_t)j * s->Lk, s->B, s->Hq, s->Hkv, s->Lq,
+                                           s->Lk, s->D, s->causal),
+                     st);
+      kt->attention_merge(sout, slse, sout, slse, bout, blse, (int)rows, s->D);
     }
-    if (st == TSR_OK && step < s->n - 1) {
-      st = tsr_comm_sendrecv(g, next, cur, 2 * nk, prev, nxt, 2 * nk, TSR_F32);
+    if (step < s->n - 1) {
+      TSR_CHECK_GOTO(tsr_comm_sendrecv(g, next, cur, 2 * nk, prev, nxt, 2 * nk, TSR_F32), st);
       float *t = cur;
       cur = nxt;
       nxt = t;
     }
   }
-  if (st == TSR_OK)
-    tsr_kernel_bhld_to_blhd(tsr_tensor_data((*out)->local), s->out, s->B, s->Lq, s->Hq, s->D);
-  free(work);
+  kt->bhld_to_blhd(fdata((*out)->local), sout, s->B, s->Lq, s->Hq, s->D);
+cleanup:
+  tsr_tensor_free(work);
   return st;
 }
 
@@ -167,39 +209,43 @@ tsr_status ring_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor
   const ring_saved *s = saved;
   tsr_group_t *g;
   TSR_CHECK(tsr_mesh_group(q->mesh, tsr_rank_comm(r), 1u << dim, &g));
+  const tsr_kernel_table *kt = tsr_kernel_table_of(q->local);
   size_t nq = q_elems(s), nk = kv_elems(s);
+  /* zero-filled: dq and the dk, dv of the own block accumulate from nothing */
+  int64_t nwork = (int64_t)(2 * nq + 8 * nk);
+  tsr_tensor *work = NULL;
+  TSR_CHECK(tsr_tensor_new(tsr_tensor_scratch_allocator(q->local), TSR_F32, 1, &nwork, &work));
   /* cur and nxt hold a travelling block: k, v, and the dk, dv accumulated for it so far */
-  float *work = calloc(2 * nq + 8 * nk + 1, sizeof(float));
-  if (!work) return TSR_ERROR(TSR_ENOMEM, "cp_ring: out of memory for ring attention backward");
-  float *dout = work, *dq = dout + nq, *cur = dq + nq, *nxt = cur + 4 * nk;
-  tsr_kernel_blhd_to_bhld(dout, tsr_tensor_data(gouts[0]->local), s->B, s->Lq, s->Hq, s->D);
-  memcpy(cur, s->kv, sizeof(float) * 2 * nk);
+  float *dout = fdata(work), *dq = dout + nq, *cur = dq + nq, *nxt = cur + 4 * nk;
+  const float *sq = fdata(s->q), *sout = fdata(s->out), *slse = fdata(s->lse);
+  const int32_t *qpos = tsr_tensor_data(s->q_pos), *kpos = tsr_tensor_data(s->k_pos);
+  kt->blhd_to_bhld(dout, fdata(gouts[0]->local), s->B, s->Lq, s->Hq, s->D);
+  kt->copy_d2d(cur, fdata(s->kv), sizeof(float) * 2 * nk);
   int next = (s->me + 1) % s->n, prev = (s->me + s->n - 1) % s->n;
   tsr_status st = TSR_OK;
-  for (int step = 0; step < s->n && st == TSR_OK; step++) {
+  for (int step = 0; step < s->n; step++) {
     int j = (s->me + s->n - step) % s->n;
-    if (block_visible(s, j))
-      st = tsr_kernel_attention_backward(dq, cur + 2 * nk, cur + 3 * nk, dout, s->q, cur, cur + nk,
-                                         s->out, s->lse, s->q_pos, s->k_pos + (size_t)j * s->Lk,
-                                         s->B, s->Hq, s->Hkv, s->Lq, s->Lk, s->D, s->causal);
-    if (st != TSR_OK) break;
+    if (s->visible[j])
+      TSR_CHECK_GOTO(kt->attention_backward(dq, cur + 2 * nk, cur + 3 * nk, dout, sq, cur, cur + nk,
+                                            sout, slse, qpos, kpos + (size_t)j * s->Lk, s->B, s->Hq,
+                                            s->Hkv, s->Lq, s->Lk, s->D, s->causal),
+                     st);
     if (step < s->n - 1) {
-      st = tsr_comm_sendrecv(g, next, cur, 4 * nk, prev, nxt, 4 * nk, TSR_F32);
+      TSR_CHECK_GOTO(tsr_comm_sendrecv(g, next, cur, 4 * nk, prev, nxt, 4 * nk, TSR_F32), st);
       float *t = cur;
       cur = nxt;
       nxt = t;
     } else {
       /* the block held now belongs to the next rank: its gradient goes home */
-      st = tsr_comm_sendrecv(g, next, cur + 2 * nk, 2 * nk, prev, nxt + 2 * nk, 2 * nk, TSR_F32);
+      TSR_CHECK_GOTO(
+          tsr_comm_sendrecv(g, next, cur + 2 * nk, 2 * nk, prev, nxt + 2 * nk, 2 * nk, TSR_F32),
+          st);
     }
   }
-  if (st == TSR_OK) {
-    tsr_kernel_bhld_to_blhd(tsr_tensor_data(gins[0]->local), dq, s->B, s->Lq, s->Hq, s->D);
-    tsr_kernel_bhld_to_blhd(tsr_tensor_data(gins[1]->local), nxt + 2 * nk, s->B, s->Lk, s->Hkv,
-                            s->D);
-    tsr_kernel_bhld_to_blhd(tsr_tensor_data(gins[2]->local), nxt + 3 * nk, s->B, s->Lk, s->Hkv,
-                            s->D);
-  }
-  free(work);
+  kt->bhld_to_blhd(fdata(gins[0]->local), dq, s->B, s->Lq, s->Hq, s->D);
+  kt->bhld_to_blhd(fdata(gins[1]->local), nxt + 2 * nk, s->B, s->Lk, s->Hkv, s->D);
+  kt->bhld_to_blhd(fdata(gins[2]->local), nxt + 3 * nk, s->B, s->Lk, s->Hkv, s->D);
+cleanup:
+  tsr_tensor_free(work);
   return st;
 }
