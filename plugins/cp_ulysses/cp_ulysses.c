@@ -28,7 +28,6 @@ static tsr_status ulysses_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
   int n = mesh_size(cfg, ULYSSES_DIM), tp = mesh_size(cfg, "tp");
   if (n == 1) return TSR_OK;
-  TSR_CHECK(tsr_plugin_require_host(args, "packs heads and runs attention on host memory"));
   int64_t hq = cfg->model.num_attention_heads, hkv = cfg->model.num_key_value_heads;
   if (hq % tp == 0 && hkv % tp == 0) {
     hq /= tp;

@@ -2,7 +2,7 @@
 #ifndef CP_ULYSSES_IMPL_H
 #define CP_ULYSSES_IMPL_H
 
-#include "tessera/kernels.h"
+#include "tessera/device.h"
 #include "tessera/ops.h"
 
 #define ULYSSES_DIM "ulysses_cp"

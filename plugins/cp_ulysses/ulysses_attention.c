@@ -12,16 +12,20 @@
  * After the move the sequence may still be sharded on another dim that has its own attention
  * rule (ring attention on ring_cp): the call is handed to that rule with the head-sharded inputs,
  * which is "Ulysses inside, ring across" for either order of the two dims in the mesh.
+ *
+ * Tensor memory is only ever touched through the kernel table of the tensors' device, and the
+ * scratch lives beside them, so the rule runs unchanged on the CPU, the emulated device and CUDA.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cp_ulysses_impl.h"
 
-/* Attention computed here when no other dim communicates: whole sequence, local heads. */
+/* Attention computed here when no other dim communicates: whole sequence, local heads. The
+ * buffers live beside q (host memory for a host q, q's device otherwise). */
 typedef struct local_attn {
   int B, L, Hq, Hkv, D;
-  float *q, *k, *v, *out, *lse; /* (B, H, L, D), lse (B, Hq, L) */
+  tsr_tensor *q, *k, *v, *out, *lse; /* (B, H, L, D), lse (B, Hq, L) */
 } local_attn;
 
 typedef struct ulysses_saved {
@@ -35,11 +39,11 @@ typedef struct ulysses_saved {
 
 static void local_free(local_attn *a) {
   if (!a) return;
-  free(a->q);
-  free(a->k);
-  free(a->v);
-  free(a->out);
-  free(a->lse);
+  tsr_tensor_free(a->q);
+  tsr_tensor_free(a->k);
+  tsr_tensor_free(a->v);
+  tsr_tensor_free(a->out);
+  tsr_tensor_free(a->lse);
   free(a);
 }
 
@@ -60,8 +64,20 @@ void ulysses_sdpa_saved_free(void *p) {
   free(s);
 }
 
+/* Device pointers: only the kernel table dereferences them. */
 static float *fdata(const tsr_dtensor *x) {
   return tsr_tensor_data(x->local);
+}
+
+static float *data(const tsr_tensor *t) {
+  return tsr_tensor_data(t);
+}
+
+/* A zeroed f32 scratch tensor beside `near`, on its device. */
+static tsr_status scratch(const tsr_tensor *near, int ndim, const int64_t *shape, const char *what,
+                          tsr_tensor **out) {
+  tsr_status st = tsr_tensor_new(tsr_tensor_scratch_allocator(near), TSR_F32, ndim, shape, out);
+  return st == TSR_OK ? st : tsr_error_prefix(st, "ulysses_cp: %s", what);
 }
 
 /* x's placements with the Ulysses dim set to Shard(d). */
@@ -70,25 +86,31 @@ static void on_dim(const tsr_dtensor *x, int dim, int d, tsr_placement *p) {
   p[dim] = tsr_shard(d);
 }
 
+/* The local heads of k and of its repeated form (placed alike) must correspond one to e: the
+ * repeat runs per rank, so the other dims may not cut a group of repeats. */
+static tsr_status check_repeats(const tsr_tensor *k, const tsr_tensor *ke, int e, int64_t global) {
+  if (ke->shape[2] == k->shape[2] * e) return TSR_OK;
+  return TSR_ERROR(TSR_EINVAL,
+                   "ulysses_cp: %lld kv heads on this rank repeat to %lld, but their placement "
+                   "splits %lld repeated heads into %lld here; the other dims must split the kv "
+                   "heads evenly",
+                   (long long)k->shape[2], (long long)(k->shape[2] * e), (long long)global,
+                   (long long)ke->shape[2]);
+}
+
 /* k (B, L, H, D) with each head repeated e times: (B, L, H * e, D), same placements. */
 static tsr_status expand_heads(tsr_rank_t *r, const tsr_dtensor *k, int e, tsr_dtensor **out) {
   int64_t shape[4] = {k->shape[0], k->shape[1], k->shape[2] * e, k->shape[3]};
   TSR_CHECK(tsr_dtensor_zeros(r, k->mesh, TSR_F32, 4, shape, k->placements, out));
-  const int64_t *ls = k->local->shape;
-  int64_t rows = ls[0] * ls[1], H = ls[2], D = ls[3];
-  if ((*out)->local->shape[2] != H * e)
-    return TSR_ERROR(TSR_EINVAL,
-                     "ulysses_cp: %lld kv heads on this rank repeat to %lld, but their placement "
-                     "splits %lld repeated heads into %lld here; the other dims must split the kv "
-                     "heads evenly",
-                     (long long)H, (long long)(H * e), (long long)shape[2],
-                     (long long)(*out)->local->shape[2]);
-  const float *src = fdata(k);
-  float *dst = fdata(*out);
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t h = 0; h < H; h++)
-      for (int t = 0; t < e; t++)
-        memcpy(dst + ((i * H + h) * e + t) * D, src + (i * H + h) * D, sizeof(float) * (size_t)D);
+  const tsr_tensor *src = k->local, *dst = (*out)->local;
+  TSR_CHECK(check_repeats(src, dst, e, shape[2]));
+  /* Both sides as (B, L, H, e, D); the source's stride 0 on e reads each head e times. */
+  const int64_t *ss = src->stride, *ds = dst->stride;
+  int64_t rep[5] = {src->shape[0], src->shape[1], src->shape[2], e, src->shape[3]};
+  int64_t src_stride[5] = {ss[0], ss[1], ss[2], 0, ss[3]};
+  int64_t dst_stride[5] = {ds[0], ds[1], ds[2] * e, ds[2], ds[3]};
+  tsr_kernel_table_of(src)->copy_strided(data(dst), dst_stride, data(src), src_stride, rep, 5,
+                                         sizeof(float));
   return TSR_OK;
 }
 
@@ -96,15 +118,20 @@ static tsr_status expand_heads(tsr_rank_t *r, const tsr_dtensor *k, int e, tsr_d
 static tsr_status reduce_heads(tsr_rank_t *r, const tsr_dtensor *k, const tsr_dtensor *ge, int e,
                                tsr_dtensor **out) {
   TSR_CHECK(tsr_dtensor_zeros(r, k->mesh, TSR_F32, 4, k->shape, k->placements, out));
-  const int64_t *ls = k->local->shape;
-  int64_t rows = ls[0] * ls[1], H = ls[2], D = ls[3];
-  const float *src = fdata(ge);
-  float *dst = fdata(*out);
-  for (int64_t i = 0; i < rows; i++)
-    for (int64_t h = 0; h < H; h++)
-      for (int t = 0; t < e; t++)
-        for (int64_t d = 0; d < D; d++)
-          dst[(i * H + h) * D + d] += src[((i * H + h) * e + t) * D + d];
+  const tsr_tensor *src = ge->local, *dst = (*out)->local;
+  TSR_CHECK(check_repeats(dst, src, e, ge->shape[2]));
+  /* The repeats side by side, (e, B, L, H, D), so that each is one contiguous add: zero, then the
+   * repeats in the order t = 0 .. e-1, so that every device rounds the sum as the CPU does. */
+  const int64_t *ls = dst->shape, *ss = src->stride;
+  int64_t reps_shape[5] = {e, ls[0], ls[1], ls[2], ls[3]};
+  int64_t src_stride[5] = {ss[2], ss[0], ss[1], ss[2] * e, ss[3]};
+  tsr_tensor *reps = NULL;
+  TSR_CHECK(scratch(src, 5, reps_shape, "out of memory summing repeated kv heads", &reps));
+  const tsr_kernel_table *kt = tsr_kernel_table_of(src);
+  kt->copy_strided(data(reps), reps->stride, data(src), src_stride, reps_shape, 5, sizeof(float));
+  int64_t n = tsr_tensor_numel(dst);
+  for (int t = 0; t < e; t++) kt->add(data(dst), data(dst), data(reps) + t * n, n);
+  tsr_tensor_free(reps);
   return TSR_OK;
 }
 
@@ -147,20 +174,21 @@ static tsr_status local_forward(tsr_rank_t *r, ulysses_saved *s, bool causal) {
   a->Hq = (int)q->local->shape[2];
   a->D = (int)q->local->shape[3];
   a->Hkv = (int)k->local->shape[2];
-  size_t nq = (size_t)a->B * a->Hq * a->L * a->D, nk = (size_t)a->B * a->Hkv * a->L * a->D;
-  a->q = malloc(sizeof(float) * (nq + 1));
-  a->k = malloc(sizeof(float) * (nk + 1));
-  a->v = malloc(sizeof(float) * (nk + 1));
-  a->out = malloc(sizeof(float) * (nq + 1));
-  a->lse = malloc(sizeof(float) * ((size_t)a->B * a->Hq * a->L + 1));
-  if (!a->q || !a->k || !a->v || !a->out || !a->lse)
-    return TSR_ERROR(TSR_ENOMEM, "ulysses_cp: out of memory saving attention");
-  tsr_kernel_blhd_to_bhld(a->q, fdata(q), a->B, a->L, a->Hq, a->D);
-  tsr_kernel_blhd_to_bhld(a->k, fdata(k), a->B, a->L, a->Hkv, a->D);
-  tsr_kernel_blhd_to_bhld(a->v, fdata(v), a->B, a->L, a->Hkv, a->D);
-  TSR_CHECK(tsr_kernel_attention_forward(a->out, a->lse, a->q, a->k, a->v, NULL, NULL, a->B, a->Hq,
-                                         a->Hkv, a->L, a->L, a->D, causal));
-  tsr_kernel_bhld_to_blhd(fdata(s->out), a->out, a->B, a->L, a->Hq, a->D);
+  int64_t qs[4] = {a->B, a->Hq, a->L, a->D}, ks[4] = {a->B, a->Hkv, a->L, a->D};
+  int64_t lse_shape[3] = {a->B, a->Hq, a->L};
+  const char *what = "out of memory saving attention";
+  TSR_CHECK(scratch(q->local, 4, qs, what, &a->q));
+  TSR_CHECK(scratch(q->local, 4, ks, what, &a->k));
+  TSR_CHECK(scratch(q->local, 4, ks, what, &a->v));
+  TSR_CHECK(scratch(q->local, 4, qs, what, &a->out));
+  TSR_CHECK(scratch(q->local, 3, lse_shape, what, &a->lse));
+  const tsr_kernel_table *kt = tsr_kernel_table_of(q->local);
+  kt->blhd_to_bhld(data(a->q), fdata(q), a->B, a->L, a->Hq, a->D);
+  kt->blhd_to_bhld(data(a->k), fdata(k), a->B, a->L, a->Hkv, a->D);
+  kt->blhd_to_bhld(data(a->v), fdata(v), a->B, a->L, a->Hkv, a->D);
+  TSR_CHECK(kt->attention_forward(data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v),
+                                  NULL, NULL, a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal));
+  kt->bhld_to_blhd(fdata(s->out), data(a->out), a->B, a->L, a->Hq, a->D);
   return TSR_OK;
 }
 
@@ -171,20 +199,22 @@ static tsr_status local_backward(tsr_rank_t *r, const ulysses_saved *s, const ts
   for (int i = 0; i < 3; i++)
     TSR_CHECK(
         tsr_dtensor_zeros(r, in[i]->mesh, TSR_F32, 4, in[i]->shape, in[i]->placements, &gins[i]));
-  size_t nq = (size_t)a->B * a->Hq * a->L * a->D, nk = (size_t)a->B * a->Hkv * a->L * a->D;
-  float *w = calloc(2 * nq + 2 * nk + 1, sizeof(float));
-  if (!w) return TSR_ERROR(TSR_ENOMEM, "ulysses_cp: out of memory in attention backward");
-  float *dout = w, *dq = dout + nq, *dk = dq + nq, *dv = dk + nk;
-  tsr_kernel_blhd_to_bhld(dout, fdata(g), a->B, a->L, a->Hq, a->D);
-  tsr_status st =
-      tsr_kernel_attention_backward(dq, dk, dv, dout, a->q, a->k, a->v, a->out, a->lse, NULL, NULL,
-                                    a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal);
+  int64_t nq = (int64_t)a->B * a->Hq * a->L * a->D, nk = (int64_t)a->B * a->Hkv * a->L * a->D;
+  int64_t nw = 2 * nq + 2 * nk;
+  tsr_tensor *w = NULL; /* zeroed: the kernel accumulates into dq, dk, dv */
+  TSR_CHECK(scratch(g->local, 1, &nw, "out of memory in attention backward", &w));
+  float *dout = data(w), *dq = dout + nq, *dk = dq + nq, *dv = dk + nk;
+  const tsr_kernel_table *kt = tsr_kernel_table_of(g->local);
+  kt->blhd_to_bhld(dout, fdata(g), a->B, a->L, a->Hq, a->D);
+  tsr_status st = kt->attention_backward(dq, dk, dv, dout, data(a->q), data(a->k), data(a->v),
+                                         data(a->out), data(a->lse), NULL, NULL, a->B, a->Hq,
+                                         a->Hkv, a->L, a->L, a->D, causal);
   if (st == TSR_OK) {
-    tsr_kernel_bhld_to_blhd(fdata(gins[0]), dq, a->B, a->L, a->Hq, a->D);
-    tsr_kernel_bhld_to_blhd(fdata(gins[1]), dk, a->B, a->L, a->Hkv, a->D);
-    tsr_kernel_bhld_to_blhd(fdata(gins[2]), dv, a->B, a->L, a->Hkv, a->D);
+    kt->bhld_to_blhd(fdata(gins[0]), dq, a->B, a->L, a->Hq, a->D);
+    kt->bhld_to_blhd(fdata(gins[1]), dk, a->B, a->L, a->Hkv, a->D);
+    kt->bhld_to_blhd(fdata(gins[2]), dv, a->B, a->L, a->Hkv, a->D);
   }
-  free(w);
+  tsr_tensor_free(w);
   return st;
 }
 
