@@ -63,6 +63,13 @@ static tsr_status fix_register(tsr_registry_t *reg, const tsr_plugin_args *args,
   return TSR_OK;
 }
 
+#ifdef FIX_HOST_ONLY
+/* A plugin that keeps to host memory: refuses a job on any other device. */
+static tsr_status fix_validate(const tsr_plugin_args *args) {
+  return tsr_plugin_require_host(args, "reads its tensors from the host");
+}
+#endif
+
 #ifdef FIX_DIM
 static const char *const fix_dims[] = {FIX_DIM, NULL};
 #endif
@@ -92,6 +99,9 @@ static const tsr_strategy fix_desc = {
 #endif
 #ifdef FIX_KEYS
     .keys = fix_keys,
+#endif
+#ifdef FIX_HOST_ONLY
+    .validate = fix_validate,
 #endif
 #ifndef FIX_NO_INIT
     .init = fix_init,
