@@ -10,6 +10,12 @@
 # With -DTESSERA_GOLDEN_DIR=<dir holding job.ini and expected.safetensors> (Tessera's
 # tests/data/golden/gqa), runs of that case are also compared with the PyTorch reference's dump,
 # at the tolerance of Tessera's own golden tests (rtol 1e-4, atol 1e-5).
+#
+# Each mesh case has an `_emu` twin: the same job on `job.device=emu` against `job.device=cpu`, bit
+# for bit (rtol = atol = 0). The emulated device keeps tensor memory behind pointers the host
+# cannot dereference and runs the CPU's kernels behind them, so a host read or write of tensor
+# memory crashes the run and any other slip off the device's kernel table shows as a difference:
+# the check, without a GPU, that the plugin runs on any device.
 set(AG_JOB ${CMAKE_CURRENT_SOURCE_DIR}/cp_allgather.ini)
 set(AG_OUT ${CMAKE_CURRENT_BINARY_DIR}/checks)
 file(MAKE_DIRECTORY ${AG_OUT})
@@ -22,13 +28,27 @@ add_test(NAME cp_allgather_reference
 set_tests_properties(cp_allgather_reference PROPERTIES
   ENVIRONMENT "${AG_ENV}" FIXTURES_SETUP ag_reference)
 
-# ag_case(<name> <--set overrides>...): run with the overrides, compare with the reference.
+# ag_emu_case(<name> <job> <--set overrides>...): the job on emu equals the job on cpu, bit for bit.
+function(ag_emu_case name job)
+  set(cpu ${AG_OUT}/${name}.cpu.safetensors)
+  set(emu ${AG_OUT}/${name}.emu.safetensors)
+  add_test(NAME cp_allgather_${name}_emu
+    COMMAND sh -c "\"$@\" --set job.device=cpu --dump \"${cpu}\" && \"$@\" --set job.device=emu --dump \"${emu}\" && \"$0\" compare \"${emu}\" \"${cpu}\" --rtol 0 --atol 0"
+      ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${job} --no-peak --no-progress
+      --set job.steps=1 ${ARGN})
+  set_tests_properties(cp_allgather_${name}_emu PROPERTIES ENVIRONMENT "${AG_ENV}"
+    PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+endfunction()
+
+# ag_case(<name> <--set overrides>...): run with the overrides, compare with the reference; and
+# its emu twin.
 function(ag_case name)
   add_test(NAME cp_allgather_${name}
     COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/${name}.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-4"
       ${TESSERA_EXECUTABLE} ${AG_RUN} ${ARGN} --dump ${AG_OUT}/${name}.safetensors)
   set_tests_properties(cp_allgather_${name} PROPERTIES ENVIRONMENT "${AG_ENV}"
     FIXTURES_REQUIRED ag_reference PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+  ag_emu_case(${name} ${AG_JOB} ${ARGN})
 endfunction()
 
 ag_case(ring_cp4)                                                      # the job as written
@@ -49,6 +69,7 @@ add_test(NAME cp_allgather_ring_cp4_regather
     --set job.steps=1 --dump ${AG_OUT}/regather.safetensors)
 set_tests_properties(cp_allgather_ring_cp4_regather PROPERTIES ENVIRONMENT "${AG_ENV}"
   FIXTURES_REQUIRED ag_reference PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
+ag_emu_case(ring_cp4_regather ${AG_OUT}/regather.ini)
 
 # ring_cp has one owner: loading cp_ring beside this plugin is refused before any rank starts.
 add_test(NAME cp_allgather_beside_cp_ring
