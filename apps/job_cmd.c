@@ -56,9 +56,10 @@ static void print_rank(const tsr_app_job *job, int rank, FILE *f) {
 void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
   const tsr_config *c = job->cfg;
   char buf[512];
-  fprintf(f, "job %s: mode %s, %lld steps, backend %s, device %s, timeout %gs\n", c->path,
+  fprintf(f, "job %s: mode %s, %lld steps, backend %s, device %s, dtype %s, timeout %gs\n", c->path,
           c->job.mode == TSR_MODE_TRAIN ? "train" : "forward", (long long)c->job.steps,
-          c->job.backend, tsr_device_name(c->job.device), c->job.timeout_s);
+          c->job.backend, tsr_device_name(c->job.device), tsr_dtype_name(c->job.dtype),
+          c->job.timeout_s);
   fprintf(f, "mesh: %s\n", tsr_mesh_str(job->mesh, buf, sizeof buf));
   int world = (int)c->mesh.world;
   for (int r = 0; r < world; r++) {

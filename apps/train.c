@@ -275,6 +275,7 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
    * process has the GPU the backend chose for it */
   int ordinal = !strcmp(c->job.backend, "nccl") ? tsr_nccl_loader_device(comm) : 0;
   TSR_CHECK_GOTO(tsr_rank_set_device(t.r, (tsr_device){c->job.device, ordinal}), st);
+  TSR_CHECK_GOTO(tsr_rank_set_matmul_dtype(t.r, c->job.dtype), st);
   TSR_CHECK_GOTO(tsr_train_model_new(job, t.r, &t.model), st);
   TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
   t.nparams = tsr_llama_param_count(t.model);

@@ -25,6 +25,9 @@
 #define KEY_ENUM(sec, k, field, def, choices, text)                                                \
   { {sec, {k, TSR_KEY_ENUM, def, 0, 0, choices, text}}, TSR_STORE_ENUM, OFF(field), 0, 0, 0 }
 
+/* [job] dtype stores the index of its choice "f32|bf16" as the tsr_dtype. */
+_Static_assert(TSR_F32 == 0 && TSR_BF16 == 1, "[job] dtype's choices must be tsr_dtype values");
+
 /* Ranges are generous: they catch typos and nonsense (a negative step count, a world of a
  * billion ranks), not configurations that are merely unusual. */
 const tsr_schema_entry tsr_schema[] = {
@@ -44,6 +47,9 @@ const tsr_schema_entry tsr_schema[] = {
     KEY_ENUM("job", "device", job.device, "cpu", "cpu|cuda|emu",
              "where tensors live and kernels run; emu: CPU memory the host may not touch, "
              "for checking the device path without a GPU"),
+    KEY_ENUM("job", "dtype", job.dtype, "f32", "f32|bf16",
+             "precision of matrix products: bf16 = mixed precision (bf16 GEMM operands, f32 "
+             "accumulation); parameters, gradients, optimizer state and other ops stay f32"),
     KEY_FLOAT("job", "timeout_s", job.timeout_s, "60", 0.001, 86400,
               "a collective that waits longer than this fails, listing the missing ranks"),
     KEY_INT("job", "world_size", job.world_size, "0", 0, 1048576,

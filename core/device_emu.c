@@ -90,6 +90,14 @@ static void emu_matmul_backward(float *dx, float *dw, float *dbias, const float 
                                 const float *x, const float *w, int N, int C, int OC) {
   tsr_kernel_matmul_backward(R(dx), R(dw), R(dbias), R(dout), R(x), R(w), N, C, OC);
 }
+static tsr_status emu_matmul_forward_bf16(float *out, const float *x, const float *w,
+                                          const float *bias, int N, int C, int OC) {
+  return tsr_kernel_matmul_forward_bf16(R(out), R(x), R(w), R(bias), N, C, OC);
+}
+static tsr_status emu_matmul_backward_bf16(float *dx, float *dw, float *dbias, const float *dout,
+                                           const float *x, const float *w, int N, int C, int OC) {
+  return tsr_kernel_matmul_backward_bf16(R(dx), R(dw), R(dbias), R(dout), R(x), R(w), N, C, OC);
+}
 static void emu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                                 int C, float eps) {
   tsr_kernel_rmsnorm_forward(R(out), R(rstd), R(x), R(w), N, C, eps);
@@ -254,6 +262,8 @@ static const tsr_kernel_table emu_table = {
     .copy_strided = emu_copy_strided,
     .add = emu_add,
     .sync = emu_sync,
+    .matmul_forward_bf16 = emu_matmul_forward_bf16,
+    .matmul_backward_bf16 = emu_matmul_backward_bf16,
 };
 
 const tsr_kernel_table *tsr_kernel_table_emu(void) {

@@ -125,6 +125,8 @@ static const tsr_kernel_table cpu_table = {
     .copy_strided = tsr_copy_strided_host,
     .add = tsr_add_host,
     .sync = cpu_sync,
+    .matmul_forward_bf16 = tsr_kernel_matmul_forward_bf16,
+    .matmul_backward_bf16 = tsr_kernel_matmul_backward_bf16,
 };
 
 const tsr_kernel_table *tsr_kernel_table_cpu(void) {

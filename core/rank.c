@@ -10,6 +10,7 @@ struct tsr_rank_t {
   const tsr_registry_t *registry; /* borrowed, may be NULL */
   tsr_allocator alloc;            /* this rank's memory, counted */
   const tsr_kernel_table *device; /* the table whose allocator_init made alloc */
+  tsr_dtype matmul_dtype;         /* TSR_F32 or TSR_BF16 */
 };
 
 tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_rank_t **out) {
@@ -21,6 +22,7 @@ tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_ra
   r->registry = registry;
   tsr_allocator_init_cpu(&r->alloc);
   r->device = tsr_kernel_table_cpu();
+  r->matmul_dtype = TSR_F32;
   *out = r;
   return TSR_OK;
 }
@@ -44,6 +46,19 @@ tsr_status tsr_rank_set_device(tsr_rank_t *r, tsr_device dev) {
 
 tsr_device tsr_rank_device(const tsr_rank_t *r) {
   return r->alloc.device;
+}
+
+tsr_status tsr_rank_set_matmul_dtype(tsr_rank_t *r, tsr_dtype dt) {
+  if (dt != TSR_F32 && dt != TSR_BF16)
+    return TSR_ERROR(TSR_EINVAL,
+                     "rank %d: matrix products run in f32 or bf16 (with f32 accumulation), not %s",
+                     tsr_rank_id(r), tsr_dtype_name(dt));
+  r->matmul_dtype = dt;
+  return TSR_OK;
+}
+
+tsr_dtype tsr_rank_matmul_dtype(const tsr_rank_t *r) {
+  return r->matmul_dtype;
 }
 
 void tsr_rank_free(tsr_rank_t *r) {

@@ -91,6 +91,9 @@ typedef struct tsr_config {
     int64_t seed;
     char backend[TSR_MAX_NAME]; /* "local", "mpi", "nccl" */
     tsr_device_kind device;
+    /* precision of matrix products: TSR_F32, or TSR_BF16 (bf16 operands, f32 accumulation; all
+     * state stays f32). Parsed from "f32|bf16", whose indices are these enum values. */
+    tsr_dtype dtype;
     double timeout_s;
     int64_t world_size; /* 0: the product of [mesh] shape */
   } job;

@@ -35,7 +35,7 @@ extern "C" {
 
 /* Raised when a field is added; the core refuses a table whose abi differs or whose struct_size
  * does not cover the fields it reads. */
-#define TSR_KERNEL_TABLE_ABI 2
+#define TSR_KERNEL_TABLE_ABI 3
 
 typedef struct tsr_kernel_table {
   uint32_t abi;         /* TSR_KERNEL_TABLE_ABI of the library that filled it */
@@ -137,6 +137,14 @@ typedef struct tsr_kernel_table {
   void (*add)(float *out, const float *a, const float *b, int64_t n);
   /* Waits for the calling thread's queued work; the first failure since the last sync. */
   tsr_status (*sync)(void);
+
+  /* ---- Mixed precision (ABI 3) ----
+   * nn.Linear with bf16 operands and f32 accumulation and outputs: tsr_kernel_matmul_forward_bf16
+   * and tsr_kernel_matmul_backward_bf16 (kernels.h). */
+  tsr_status (*matmul_forward_bf16)(float *out, const float *x, const float *w, const float *bias,
+                                    int N, int C, int OC);
+  tsr_status (*matmul_backward_bf16)(float *dx, float *dw, float *dbias, const float *dout,
+                                     const float *x, const float *w, int N, int C, int OC);
 } tsr_kernel_table;
 
 /* The table of the device `t` lives on. Never NULL: the allocator that made `t`'s storage opened

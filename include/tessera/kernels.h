@@ -9,8 +9,8 @@
  *  - Functions that can reject their input return tsr_status and leave a message naming the
  *    offending argument and value for tsr_last_error(); the rest return void.
  *  - The caller owns all memory; no kernel allocates from the heap except
- *    tsr_kernel_sgemm_peak_gflops and the attention forward/backward (small per-thread tile
- *    buffers; TSR_ENOMEM if they cannot be had).
+ *    tsr_kernel_sgemm_peak_gflops, the attention forward/backward (small per-thread tile
+ *    buffers) and the bf16 matmuls (their rounded operands); TSR_ENOMEM if they cannot be had.
  *
  * Threads: GEMM runs on OpenBLAS's thread pool, which is process-wide; the hand-written kernels
  * split their outer loop over a per-calling-thread count. See tsr_kernel_set_threads.
@@ -61,7 +61,7 @@ int tsr_kernel_threads(void);
 
 /* What a kernel's time is counted as. */
 typedef enum tsr_kernel_kind {
-  TSR_KERNEL_GEMM,      /* tsr_kernel_gemm, tsr_kernel_matmul_forward/backward */
+  TSR_KERNEL_GEMM,      /* tsr_kernel_gemm, tsr_kernel_matmul_forward/backward (and _bf16) */
   TSR_KERNEL_ATTENTION, /* attention forward, backward, merge (their GEMMs included) */
   TSR_KERNEL_LOSS,      /* cross-entropy and its vocabulary-parallel pieces */
   TSR_KERNEL_LAYERS,    /* RMSNorm, RoPE, SwiGLU, embedding, head layout changes */
@@ -98,6 +98,24 @@ void tsr_kernel_matmul_backward(float *dx /* (N, C) or NULL */, float *dw /* (OC
                                 float *dbias /* (OC) or NULL */, const float *dout /* (N, OC) */,
                                 const float *x /* (N, C) */, const float *w /* (OC, C) */, int N,
                                 int C, int OC);
+
+/* The same products in mixed precision ([job] dtype = bf16): every operand of a GEMM is rounded
+ * to bf16 (nearest even, as tsr_f32_to_bf16), the products are accumulated in f32 and the outputs
+ * are f32 (the bias is added in f32). A bf16 product is exact in f32, so this is what a bf16
+ * tensor-core GEMM with f32 accumulation computes, up to the order of the sums. The backward
+ * rounds dout and the forward's operands alike; its gradients are those of the rounded product
+ * (the rounding itself passes gradients straight through, as autocast's casts do). They copy the
+ * rounded operands to the heap: TSR_ENOMEM when that fails, with nothing written. */
+tsr_status tsr_kernel_matmul_forward_bf16(float *out /* (N, OC) */, const float *x /* (N, C) */,
+                                          const float *w /* (OC, C) */,
+                                          const float *bias /* (OC) or NULL */, int N, int C,
+                                          int OC);
+tsr_status tsr_kernel_matmul_backward_bf16(float *dx /* (N, C) or NULL */,
+                                           float *dw /* (OC, C) or NULL */,
+                                           float *dbias /* (OC) or NULL */,
+                                           const float *dout /* (N, OC) */,
+                                           const float *x /* (N, C) */,
+                                           const float *w /* (OC, C) */, int N, int C, int OC);
 
 /* Measures single-precision GEMM throughput with `threads` OpenBLAS threads: square 1024 GEMMs
  * repeated for about `seconds` (at least one), best rate in GFLOP/s (2·M·N·K per GEMM). Restores

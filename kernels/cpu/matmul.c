@@ -6,6 +6,7 @@
 
 #include "internal.h"
 #include "tessera/kernels.h"
+#include "tessera/tensor.h"
 
 void tsr_gemm_strided(float *c, int64_t ldc, const float *a, int64_t lda, const float *b,
                       int64_t ldb, int M, int N, int K, bool trans_a, bool trans_b, float alpha,
@@ -67,6 +68,55 @@ void tsr_kernel_matmul_backward(float *dx, float *dw, float *dbias, const float 
     }
   }
   tsr_profile_end(TSR_KERNEL_GEMM, t0);
+}
+
+/* x rounded to bf16, as f32 values: a heap copy of n elements, NULL when it cannot be had. */
+static float *bf16_rounded(const float *x, int64_t n) {
+  float *r = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (!r) return NULL;
+  for (int64_t i = 0; i < n; i++) r[i] = tsr_bf16_to_f32(tsr_f32_to_bf16(x[i]));
+  return r;
+}
+
+static tsr_status no_memory(const char *what, int64_t n) {
+  return TSR_ERROR(TSR_ENOMEM, "%s: out of memory for %lld rounded operand values", what,
+                   (long long)n);
+}
+
+tsr_status tsr_kernel_matmul_forward_bf16(float *out, const float *x, const float *w,
+                                          const float *bias, int N, int C, int OC) {
+  int64_t t0 = tsr_profile_begin();
+  float *xr = bf16_rounded(x, (int64_t)N * C), *wr = bf16_rounded(w, (int64_t)OC * C);
+  tsr_status st = TSR_OK;
+  if (!xr || !wr)
+    st = no_memory("matmul_forward_bf16", (int64_t)N * C + (int64_t)OC * C);
+  else
+    tsr_kernel_matmul_forward(out, xr, wr, bias, N, C, OC);
+  free(xr);
+  free(wr);
+  tsr_profile_end(TSR_KERNEL_GEMM, t0);
+  return st;
+}
+
+tsr_status tsr_kernel_matmul_backward_bf16(float *dx, float *dw, float *dbias, const float *dout,
+                                           const float *x, const float *w, int N, int C, int OC) {
+  int64_t t0 = tsr_profile_begin();
+  float *gr = bf16_rounded(dout, (int64_t)N * OC);
+  float *xr = dw ? bf16_rounded(x, (int64_t)N * C) : NULL;
+  float *wr = dx ? bf16_rounded(w, (int64_t)OC * C) : NULL;
+  tsr_status st = TSR_OK;
+  if (!gr || (dw && !xr) || (dx && !wr)) {
+    st = no_memory("matmul_backward_bf16", (int64_t)N * (OC + 2 * C));
+  } else {
+    tsr_kernel_matmul_backward(dx, dw, NULL, gr, xr, wr, N, C, OC);
+    /* the bias gradient is a plain f32 sum, of the unrounded dout */
+    if (dbias) tsr_kernel_matmul_backward(NULL, NULL, dbias, dout, x, w, N, C, OC);
+  }
+  free(gr);
+  free(xr);
+  free(wr);
+  tsr_profile_end(TSR_KERNEL_GEMM, t0);
+  return st;
 }
 
 static double now_seconds(void) {

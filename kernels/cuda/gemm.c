@@ -86,6 +86,71 @@ tsr_status tsr_cuda_gemm_bf16(tsr_cuda_ctx *ctx, void *c, bool c_bf16, const uin
                  M, N, K, trans_a, trans_b, alpha, beta);
 }
 
+/* bf16 copies of x, from the context's caching allocator (so a repeated step allocates
+ * nothing), converted on the compute stream. */
+static uint16_t *bf16_copy(tsr_cuda_ctx *ctx, const float *x, int64_t n, tsr_status *st) {
+  if (*st != TSR_OK) return NULL;
+  uint16_t *b = tsr_allocator_alloc(tsr_cuda_ctx_allocator(ctx), (size_t)(n > 0 ? n : 1) * 2);
+  if (!b) {
+    *st = TSR_ERROR(TSR_ENOMEM, "bf16 matmul: cannot allocate %lld bf16 operand values",
+                    (long long)n);
+    return NULL;
+  }
+  tsr_cuda_f32_to_bf16(b, x, n);
+  return b;
+}
+
+static void bf16_free(tsr_cuda_ctx *ctx, uint16_t *b, int64_t n) {
+  if (b) tsr_allocator_free(tsr_cuda_ctx_allocator(ctx), b, (size_t)(n > 0 ? n : 1) * 2);
+}
+
+tsr_status tsr_cuda_k_matmul_forward_bf16(float *out, const float *x, const float *w,
+                                          const float *bias, int N, int C, int OC) {
+  tsr_cuda_ctx *ctx = tsr_cuda_need_ctx("matmul_forward_bf16");
+  if (N <= 0 || OC <= 0) return TSR_OK;
+  if (C <= 0) {
+    tsr_cuda_k_matmul_forward(out, x, w, bias, N, C, OC);
+    return TSR_OK;
+  }
+  tsr_status st = TSR_OK;
+  int64_t nx = (int64_t)N * C, nw = (int64_t)OC * C;
+  uint16_t *xb = bf16_copy(ctx, x, nx, &st), *wb = bf16_copy(ctx, w, nw, &st);
+  float beta = 0.0f;
+  if (st == TSR_OK && bias) {
+    st = TSR_CU(tsr_cuda_launch_bias_rows(ctx->compute, out, bias, N, OC));
+    beta = 1.0f;
+  }
+  if (st == TSR_OK)
+    st = tsr_cuda_gemm_bf16(ctx, out, false, xb, wb, N, OC, C, false, true, 1.0f, beta);
+  /* freed blocks are reused in stream order: the GEMM that reads them is queued already */
+  bf16_free(ctx, xb, nx);
+  bf16_free(ctx, wb, nw);
+  return st;
+}
+
+tsr_status tsr_cuda_k_matmul_backward_bf16(float *dx, float *dw, float *dbias, const float *dout,
+                                           const float *x, const float *w, int N, int C, int OC) {
+  tsr_cuda_ctx *ctx = tsr_cuda_need_ctx("matmul_backward_bf16");
+  if (N <= 0 || OC <= 0 || C <= 0) {
+    tsr_cuda_k_matmul_backward(dx, dw, dbias, dout, x, w, N, C, OC);
+    return TSR_OK;
+  }
+  tsr_status st = TSR_OK;
+  int64_t ng = (int64_t)N * OC, nx = (int64_t)N * C, nw = (int64_t)OC * C;
+  uint16_t *gb = bf16_copy(ctx, dout, ng, &st);
+  uint16_t *xb = dw ? bf16_copy(ctx, x, nx, &st) : NULL;
+  uint16_t *wb = dx ? bf16_copy(ctx, w, nw, &st) : NULL;
+  if (st == TSR_OK && dx)
+    st = tsr_cuda_gemm_bf16(ctx, dx, false, gb, wb, N, C, OC, false, false, 1.0f, 1.0f);
+  if (st == TSR_OK && dw)
+    st = tsr_cuda_gemm_bf16(ctx, dw, false, gb, xb, OC, C, N, true, false, 1.0f, 1.0f);
+  if (st == TSR_OK && dbias) st = TSR_CU(tsr_cuda_launch_col_sum(ctx->compute, dbias, dout, N, OC));
+  bf16_free(ctx, gb, ng);
+  bf16_free(ctx, xb, nx);
+  bf16_free(ctx, wb, nw);
+  return st;
+}
+
 static double now_seconds(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -25,6 +25,10 @@ void tsr_cuda_k_matmul_forward(float *out, const float *x, const float *w, const
                                int C, int OC);
 void tsr_cuda_k_matmul_backward(float *dx, float *dw, float *dbias, const float *dout,
                                 const float *x, const float *w, int N, int C, int OC);
+tsr_status tsr_cuda_k_matmul_forward_bf16(float *out, const float *x, const float *w,
+                                          const float *bias, int N, int C, int OC);
+tsr_status tsr_cuda_k_matmul_backward_bf16(float *dx, float *dw, float *dbias, const float *dout,
+                                           const float *x, const float *w, int N, int C, int OC);
 void tsr_cuda_k_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N,
                                 int C, float eps);
 void tsr_cuda_k_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,

@@ -49,6 +49,8 @@ static const tsr_kernel_table cuda_table = {
     .copy_strided = tsr_cuda_k_copy_strided,
     .add = tsr_cuda_k_add,
     .sync = tsr_cuda_k_sync,
+    .matmul_forward_bf16 = tsr_cuda_k_matmul_forward_bf16,
+    .matmul_backward_bf16 = tsr_cuda_k_matmul_backward_bf16,
 };
 
 const tsr_kernel_table *tsr_cuda_kernel_table_v1(uint32_t abi, char *why, unsigned why_len) {

@@ -94,6 +94,67 @@ static void test_matmul_forward_backward(void **state) {
   free(dx), free(dw), free(db), free(c.x), free(c.w), free(c.bias), free(c.out), free(c.wout);
 }
 
+/* bf16 rounding, nearest even, written here from the format (not tsr_f32_to_bf16): keep the
+ * top 16 bits after adding half an ulp of bf16, plus one when the kept part is odd. */
+static double bf16_ref(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* The mixed-precision linear against double sums of bf16-rounded operands: the forward, and a
+ * backward that rounds dout, x and w the same way (the rounding passes gradients straight
+ * through). The bias and its gradient stay f32. */
+static void test_matmul_bf16(void **state) {
+  (void)state;
+  uint64_t s = 5;
+  const int N = 7, C = 33, OC = 6;
+  float x[7 * 33], w[6 * 33], bias[6], out[7 * 6], f32[7 * 6], dout[7 * 6];
+  float dx[7 * 33] = {0}, dw[6 * 33] = {0}, db[6] = {0};
+  double want[7 * 33];
+  test_fill(x, N * C, &s, -1, 1);
+  test_fill(w, OC * C, &s, -1, 1);
+  test_fill(bias, OC, &s, -1, 1);
+  test_fill(dout, N * OC, &s, -1, 1);
+  assert_int_equal(tsr_kernel_matmul_forward_bf16(out, x, w, bias, N, C, OC), TSR_OK);
+  for (int i = 0; i < N; i++)
+    for (int o = 0; o < OC; o++) {
+      double acc = 0;
+      for (int k = 0; k < C; k++) acc += bf16_ref(x[i * C + k]) * bf16_ref(w[o * C + k]);
+      want[i * OC + o] = acc + bias[o];
+    }
+  test_check_close("bf16 linear forward", out, want, N * OC, 1e-5, 1e-6);
+  /* and it is not the f32 product: the rounding is visible at this size */
+  tsr_kernel_matmul_forward(f32, x, w, bias, N, C, OC);
+  double worst = 0;
+  for (int i = 0; i < N * OC; i++) worst = fmax(worst, fabs((double)f32[i] - out[i]));
+  assert_true(worst > 1e-4);
+
+  assert_int_equal(tsr_kernel_matmul_backward_bf16(dx, dw, db, dout, x, w, N, C, OC), TSR_OK);
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < C; k++) {
+      double acc = 0;
+      for (int o = 0; o < OC; o++) acc += bf16_ref(dout[i * OC + o]) * bf16_ref(w[o * C + k]);
+      want[i * C + k] = acc;
+    }
+  test_check_close("bf16 linear dx", dx, want, N * C, 1e-5, 1e-6);
+  for (int o = 0; o < OC; o++)
+    for (int k = 0; k < C; k++) {
+      double acc = 0;
+      for (int i = 0; i < N; i++) acc += bf16_ref(dout[i * OC + o]) * bf16_ref(x[i * C + k]);
+      want[o * C + k] = acc;
+    }
+  test_check_close("bf16 linear dw", dw, want, OC * C, 1e-5, 1e-6);
+  for (int o = 0; o < OC; o++) {
+    double acc = 0;
+    for (int i = 0; i < N; i++) acc += dout[i * OC + o];
+    want[o] = acc;
+  }
+  test_check_close("bf16 linear dbias", db, want, OC, 1e-5, 1e-6);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * RMSNorm
  * ------------------------------------------------------------------------------------------- */
@@ -502,6 +563,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm_transposes),
       cmocka_unit_test(test_matmul_forward_backward),
+      cmocka_unit_test(test_matmul_bf16),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_head_layout_roundtrip),
