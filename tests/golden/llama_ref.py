@@ -6,7 +6,9 @@ This is the independent implementation that Tessera's 1-rank run is checked agai
 (eager attention, no KV cache, no dropout, no biases) and uses the same parameter names,
 so a checkpoint written here loads in either framework.
 
-Everything is float32.  Nothing here depends on packages beyond torch and numpy.
+Everything is float32, except that set_matmul_bf16() makes every linear layer multiply in mixed
+precision (bf16 operands, f32 sums), as Tessera's `[job] dtype = bf16`.  Nothing here depends on
+packages beyond torch and numpy.
 """
 
 import json
@@ -59,6 +61,44 @@ class LlamaConfig:
 # --------------------------------------------------------------------------------------
 # Building blocks
 # --------------------------------------------------------------------------------------
+
+class Bf16Matmul(torch.autograd.Function):
+    """x @ w.T with both operands rounded to bf16 (nearest even) and the products summed in
+    f32.  The backward rounds the incoming gradient the same way and multiplies it with the
+    rounded operands; the roundings themselves pass gradients straight through."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        # rounded values held in the operands' own dtype: f32 sums, or f64 for the self-check
+        xr, wr = x.bfloat16().to(x.dtype), w.bfloat16().to(w.dtype)
+        ctx.save_for_backward(xr, wr)
+        return xr @ wr.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        xr, wr = ctx.saved_tensors
+        gr = g.bfloat16().to(g.dtype)
+        dx = gr @ wr
+        dw = gr.reshape(-1, gr.shape[-1]).t() @ xr.reshape(-1, xr.shape[-1])
+        return dx, dw
+
+
+class Linear(nn.Linear):
+    """nn.Linear without bias whose product is Bf16Matmul once set_matmul_bf16() says so."""
+
+    def __init__(self, in_features, out_features):
+        super().__init__(in_features, out_features, bias=False)
+        self.bf16 = False
+
+    def forward(self, x):
+        return Bf16Matmul.apply(x, self.weight) if self.bf16 else super().forward(x)
+
+
+def set_matmul_bf16(model, on=True):
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.bf16 = on
+
 
 class LlamaRMSNorm(nn.Module):
     def __init__(self, hidden_size, eps):
@@ -114,10 +154,10 @@ class LlamaAttention(nn.Module):
         self.cfg = cfg
         h, nh, nkv, d = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                          cfg.head_dim)
-        self.q_proj = nn.Linear(h, nh * d, bias=False)
-        self.k_proj = nn.Linear(h, nkv * d, bias=False)
-        self.v_proj = nn.Linear(h, nkv * d, bias=False)
-        self.o_proj = nn.Linear(nh * d, h, bias=False)
+        self.q_proj = Linear(h, nh * d)
+        self.k_proj = Linear(h, nkv * d)
+        self.v_proj = Linear(h, nkv * d)
+        self.o_proj = Linear(nh * d, h)
         # Set by forward() when a caller asks for it (the self-check in make_golden.py
         # recomputes one head from these by an explicit loop).
         self.keep_qkv = False
@@ -150,9 +190,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         h, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(h, i, bias=False)
-        self.up_proj = nn.Linear(h, i, bias=False)
-        self.down_proj = nn.Linear(i, h, bias=False)
+        self.gate_proj = Linear(h, i)
+        self.up_proj = Linear(h, i)
+        self.down_proj = Linear(i, h)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -193,7 +233,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             # One tensor, two uses: named_parameters() reports it once, under
             # model.embed_tokens.weight, and autograd sums the two gradient contributions.
