@@ -31,7 +31,6 @@ static tsr_status sp_validate(const tsr_plugin_args *args) {
   /* torch.chunk leaves trailing ranks empty when ceil(L / tp) is too coarse (5 over 4 gives 2, 2,
    * 1, 0): the step would still be right, but a rank would hold no tokens of the norm regions,
    * which is never what a job means */
-  if (tp > 1) TSR_CHECK(tsr_plugin_require_host(args, "reads sequence shards on host memory"));
   int64_t L = cfg->data.seq_len;
   if (tp > 1 && tsr_chunk_size(L, tp, tp - 1) == 0)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",

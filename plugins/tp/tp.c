@@ -14,7 +14,9 @@
  * Op rules on tp: the column and row matmuls and the hidden-split embedding run the op's own
  * kernel on the shards; the vocabulary-parallel loss, attention with replicated kv heads and the
  * tied lm_head (input replicated, weight split by hidden) communicate or slice, so they bring
- * their own forward and backward (tp_loss.c, tp_attention.c, tp_linear.c).
+ * their own forward and backward (tp_loss.c, tp_attention.c, tp_linear.c). Those call the
+ * kernels of the device their tensors live on (tessera/device.h) and move data only by tensor
+ * copies, views and collectives, so tp runs under every [job] device.
  *
  * With sp loaded, sp places the norm regions (rmsnorm, row_linear's output, embedding's output)
  * on the sequence and tp leaves those three styles to it.
@@ -76,8 +78,6 @@ static tsr_status tp_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
   int tp = mesh_size(cfg, "tp");
   if (tp == 1) return TSR_OK;
-  TSR_CHECK(tsr_plugin_require_host(args, "runs its attention and vocabulary-parallel loss "
-                                          "kernels on host memory"));
   int64_t h = cfg->model.num_attention_heads, kv = cfg->model.num_key_value_heads;
   if (h % tp)
     return tsr_config_error(cfg, TSR_EINVAL, "model", "num_attention_heads",

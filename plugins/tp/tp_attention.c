@@ -8,34 +8,50 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tessera/kernels.h"
+#include "tessera/device.h"
 #include "tp_impl.h"
 
+/* The saved tensors live on q's device. The kernels take the (B, H, L, D) layout; a single head
+ * copied out of (B, L, H, D) is a contiguous (B, L, 1, D), which is (B, 1, L, D) in memory, so k
+ * and v are kept in that shape and passed as one kv head. */
 typedef struct sdpa_saved {
   int B, L, Hq, Hkv, D, kv; /* local batch, sequence, local q heads, all kv heads, the kv head */
   bool causal;
-  float *q, *k, *v; /* (B, Hq, L, D), (B, 1, L, D) twice */
-  float *out, *lse; /* (B, Hq, L, D), (B, Hq, L) */
+  tsr_tensor *q, *k, *v; /* (B, Hq, L, D), (B, L, 1, D) twice */
+  tsr_tensor *out, *lse; /* (B, Hq, L, D), (B, Hq, L) */
 } sdpa_saved;
 
 void tp_sdpa_saved_free(void *p) {
   sdpa_saved *s = p;
   if (!s) return;
-  free(s->q);
-  free(s->k);
-  free(s->v);
-  free(s->out);
-  free(s->lse);
+  tsr_tensor_free(s->q);
+  tsr_tensor_free(s->k);
+  tsr_tensor_free(s->v);
+  tsr_tensor_free(s->out);
+  tsr_tensor_free(s->lse);
   free(s);
 }
 
-/* Copies head `h` of x (B, L, H, D) into y (B, 1, L, D), or back when `to_x`. */
-static void head_copy(float *y, float *x, int B, int L, int H, int D, int h, bool to_x) {
-  for (int b = 0; b < B; b++)
-    for (int l = 0; l < L; l++) {
-      float *xs = x + (((size_t)b * L + l) * H + h) * D, *ys = y + ((size_t)b * L + l) * D;
-      memcpy(to_x ? xs : ys, to_x ? ys : xs, sizeof(float) * (size_t)D);
-    }
+static float *data(const tsr_tensor *t) {
+  return tsr_tensor_data(t);
+}
+
+/* A new contiguous (B, L, 1, D) copy of head `h` of x (B, L, H, D), beside x. */
+static tsr_status head_of(const tsr_tensor *x, int h, tsr_tensor **y) {
+  tsr_tensor *head;
+  TSR_CHECK(tsr_tensor_narrow(x, 2, h, 1, &head));
+  tsr_status st = tsr_tensor_to(head, tsr_tensor_scratch_allocator(x), y);
+  tsr_tensor_free(head);
+  return st;
+}
+
+/* Writes y (B, L, 1, D) into head `h` of x (B, L, H, D). */
+static tsr_status head_into(tsr_tensor *x, int h, const tsr_tensor *y) {
+  tsr_tensor *head;
+  TSR_CHECK(tsr_tensor_narrow(x, 2, h, 1, &head));
+  tsr_status st = tsr_tensor_copy(head, y);
+  tsr_tensor_free(head);
+  return st;
 }
 
 tsr_status tp_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
@@ -58,7 +74,7 @@ tsr_status tp_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   if (!q->local) return TSR_OK;
   sdpa_saved *s = calloc(1, sizeof *s);
   if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
-  *saved = s;
+  *saved = s; /* freed by the core when this fails */
   const int64_t *ql = q->local->shape;
   s->B = (int)ql[0];
   s->L = (int)ql[1];
@@ -67,20 +83,18 @@ tsr_status tp_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   s->D = (int)ql[3];
   s->kv = h0 / group;
   s->causal = a->causal;
-  size_t nq = (size_t)s->B * hn * s->L * s->D, nk = (size_t)s->B * s->L * s->D;
-  s->q = malloc(sizeof(float) * (nq + 1));
-  s->out = malloc(sizeof(float) * (nq + 1));
-  s->k = malloc(sizeof(float) * (nk + 1));
-  s->v = malloc(sizeof(float) * (nk + 1));
-  s->lse = malloc(sizeof(float) * ((size_t)s->B * hn * s->L + 1));
-  if (!s->q || !s->out || !s->k || !s->v || !s->lse)
-    return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
-  tsr_kernel_blhd_to_bhld(s->q, tsr_tensor_data(q->local), s->B, s->L, hn, s->D);
-  head_copy(s->k, tsr_tensor_data(k->local), s->B, s->L, Hkv, s->D, s->kv, false);
-  head_copy(s->v, tsr_tensor_data(v->local), s->B, s->L, Hkv, s->D, s->kv, false);
-  TSR_CHECK(tsr_kernel_attention_forward(s->out, s->lse, s->q, s->k, s->v, NULL, NULL, s->B, hn, 1,
-                                         s->L, s->L, s->D, s->causal));
-  tsr_kernel_bhld_to_blhd(tsr_tensor_data((*out)->local), s->out, s->B, s->L, hn, s->D);
+  tsr_allocator *alloc = tsr_tensor_scratch_allocator(q->local);
+  const int64_t qshape[4] = {s->B, hn, s->L, s->D}, lshape[3] = {s->B, hn, s->L};
+  TSR_CHECK(tsr_tensor_new(alloc, TSR_F32, 4, qshape, &s->q));
+  TSR_CHECK(tsr_tensor_new(alloc, TSR_F32, 4, qshape, &s->out));
+  TSR_CHECK(tsr_tensor_new(alloc, TSR_F32, 3, lshape, &s->lse));
+  TSR_CHECK(head_of(k->local, s->kv, &s->k));
+  TSR_CHECK(head_of(v->local, s->kv, &s->v));
+  const tsr_kernel_table *kt = tsr_kernel_table_of(q->local);
+  kt->blhd_to_bhld(data(s->q), data(q->local), s->B, s->L, hn, s->D);
+  TSR_CHECK(kt->attention_forward(data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v),
+                                  NULL, NULL, s->B, hn, 1, s->L, s->L, s->D, s->causal));
+  kt->bhld_to_blhd(data((*out)->local), data(s->out), s->B, s->L, hn, s->D);
   return TSR_OK;
 }
 
@@ -96,19 +110,27 @@ tsr_status tp_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *
     TSR_CHECK(tsr_dtensor_zeros(r, in[j]->mesh, TSR_F32, 4, in[j]->shape, p, &gin[j]));
   }
   if (!s || !gout[0]) return TSR_OK;
-  size_t nq = (size_t)s->B * s->Hq * s->L * s->D, nk = (size_t)s->B * s->L * s->D;
-  float *buf = calloc(2 * nq + 2 * nk + 1, sizeof(float));
-  if (!buf) return TSR_ERROR(TSR_ENOMEM, "out of memory in attention backward");
-  float *dout = buf, *dq = dout + nq, *dk = dq + nq, *dv = dk + nk;
-  tsr_kernel_blhd_to_bhld(dout, tsr_tensor_data(gout[0]->local), s->B, s->L, s->Hq, s->D);
-  tsr_status st =
-      tsr_kernel_attention_backward(dq, dk, dv, dout, s->q, s->k, s->v, s->out, s->lse, NULL, NULL,
-                                    s->B, s->Hq, 1, s->L, s->L, s->D, s->causal);
-  if (st == TSR_OK) {
-    tsr_kernel_bhld_to_blhd(tsr_tensor_data(gin[0]->local), dq, s->B, s->L, s->Hq, s->D);
-    head_copy(dk, tsr_tensor_data(gin[1]->local), s->B, s->L, s->Hkv, s->D, s->kv, true);
-    head_copy(dv, tsr_tensor_data(gin[2]->local), s->B, s->L, s->Hkv, s->D, s->kv, true);
-  }
-  free(buf);
+  tsr_allocator *alloc = tsr_tensor_scratch_allocator(s->q);
+  tsr_tensor *dout = NULL, *dq = NULL, *dk = NULL, *dv = NULL;
+  tsr_status st = TSR_OK;
+  /* zero-filled: the kernel accumulates into dq, dk, dv */
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, s->q->shape, &dout), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, s->q->shape, &dq), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, s->k->shape, &dk), st);
+  TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, s->v->shape, &dv), st);
+  const tsr_kernel_table *kt = tsr_kernel_table_of(s->q);
+  kt->blhd_to_bhld(data(dout), data(gout[0]->local), s->B, s->L, s->Hq, s->D);
+  TSR_CHECK_GOTO(kt->attention_backward(data(dq), data(dk), data(dv), data(dout), data(s->q),
+                                        data(s->k), data(s->v), data(s->out), data(s->lse), NULL,
+                                        NULL, s->B, s->Hq, 1, s->L, s->L, s->D, s->causal),
+                 st);
+  kt->bhld_to_blhd(data(gin[0]->local), data(dq), s->B, s->L, s->Hq, s->D);
+  TSR_CHECK_GOTO(head_into(gin[1]->local, s->kv, dk), st);
+  TSR_CHECK_GOTO(head_into(gin[2]->local, s->kv, dv), st);
+cleanup:
+  tsr_tensor_free(dout);
+  tsr_tensor_free(dq);
+  tsr_tensor_free(dk);
+  tsr_tensor_free(dv);
   return st;
 }

@@ -11,11 +11,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tessera/kernels.h"
+#include "tessera/device.h"
 #include "tp_impl.h"
 
 typedef struct linear_saved {
-  float *x; /* (rows, Cl): this rank's columns of x */
+  tsr_tensor *x; /* x with this rank's Cl columns only, contiguous, on x's device */
   int rows, Cl, OC;
 } linear_saved;
 
@@ -24,7 +24,7 @@ static const char rule_name[] = "tp.linear.tied";
 void tp_linear_saved_free(void *p) {
   linear_saved *s = p;
   if (!s) return;
-  free(s->x);
+  tsr_tensor_free(s->x);
   free(s);
 }
 
@@ -56,13 +56,16 @@ tsr_status tp_linear_in_split_forward(tsr_rank_t *r, int dim, int nin, const tsr
   s->Cl = (int)w->local->shape[1];
   s->OC = (int)w->local->shape[0];
   s->rows = (int)(tsr_tensor_numel(x->local) / C);
-  s->x = malloc(sizeof(float) * ((size_t)s->rows * s->Cl + 1));
-  if (!s->x) return TSR_ERROR(TSR_ENOMEM, "out of memory saving %s", rule_name);
-  const float *xs = tsr_tensor_data(x->local);
-  for (int i = 0; i < s->rows; i++)
-    memcpy(s->x + (size_t)i * s->Cl, xs + (size_t)i * C + c0, sizeof(float) * (size_t)s->Cl);
-  tsr_kernel_matmul_forward(tsr_tensor_data((*out)->local), s->x, tsr_tensor_data(w->local), NULL,
-                            s->rows, s->Cl, s->OC);
+  /* the kernel reads x's rows whole: pack the columns into a contiguous copy, which backward
+   * needs too */
+  tsr_tensor *cols;
+  TSR_CHECK(tsr_tensor_narrow(x->local, last, c0, s->Cl, &cols));
+  tsr_status st = tsr_tensor_to(cols, tsr_tensor_scratch_allocator(x->local), &s->x);
+  tsr_tensor_free(cols);
+  TSR_CHECK(st);
+  tsr_kernel_table_of(x->local)->matmul_forward(tsr_tensor_data((*out)->local),
+                                                tsr_tensor_data(s->x), tsr_tensor_data(w->local),
+                                                NULL, s->rows, s->Cl, s->OC);
   return TSR_OK;
 }
 
@@ -84,8 +87,9 @@ tsr_status tp_linear_in_split_backward(tsr_rank_t *r, int dim, int nin,
   TSR_CHECK(tsr_dtensor_zeros(r, x->mesh, TSR_F32, x->ndim, x->shape, px, &gin[0]));
   TSR_CHECK(tsr_dtensor_zeros(r, w->mesh, TSR_F32, w->ndim, w->shape, pw, &gin[1]));
   if (!s || !gout[0]) return TSR_OK;
-  tsr_kernel_matmul_backward(tsr_tensor_data(gin[0]->local), tsr_tensor_data(gin[1]->local), NULL,
-                             tsr_tensor_data(gout[0]->local), s->x, tsr_tensor_data(w->local),
-                             s->rows, s->Cl, s->OC);
+  tsr_kernel_table_of(s->x)->matmul_backward(tsr_tensor_data(gin[0]->local),
+                                             tsr_tensor_data(gin[1]->local), NULL,
+                                             tsr_tensor_data(gout[0]->local), tsr_tensor_data(s->x),
+                                             tsr_tensor_data(w->local), s->rows, s->Cl, s->OC);
   return TSR_OK;
 }

@@ -16,23 +16,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tessera/kernels.h"
+#include "tessera/device.h"
 #include "tp_impl.h"
 
 typedef struct loss_saved {
   tsr_dtensor *logits; /* with loss_parallel = false: the gathered logits; else NULL */
-  float *row_max;      /* (N) global */
-  float *sumexp;       /* (N) global */
-  int64_t valid;       /* valid tokens of the whole batch */
+  /* (3, N) on the logits' device: the global row max, then the sum-exp and the target's logit,
+   * adjacent so that one all-reduce sums both */
+  tsr_tensor *stats;
+  int64_t valid; /* valid tokens of the whole batch */
 } loss_saved;
 
 void tp_loss_saved_free(void *p) {
   loss_saved *s = p;
   if (!s) return;
   tsr_dtensor_free(s->logits);
-  free(s->row_max);
-  free(s->sumexp);
+  tsr_tensor_free(s->stats);
   free(s);
+}
+
+/* `t` itself when it is host memory, else a host copy in *tmp, which the caller frees. */
+static tsr_status host_of(const tsr_tensor *t, tsr_tensor **tmp, const tsr_tensor **host) {
+  *tmp = NULL;
+  *host = t;
+  if (tsr_tensor_device(t).kind == TSR_DEVICE_CPU) return TSR_OK;
+  TSR_CHECK(tsr_tensor_to(t, NULL, tmp));
+  *host = *tmp;
+  return TSR_OK;
 }
 
 /* Mask of the mesh dims that split the labels (batch or sequence shards). */
@@ -44,9 +54,9 @@ static uint32_t label_shard_mask(const tsr_dtensor *labels) {
   return mask;
 }
 
-static tsr_status count_valid(tsr_rank_t *r, const tsr_dtensor *labels, int V, int64_t *local,
-                              int64_t *global) {
-  const int32_t *lab = tsr_tensor_data(labels->local);
+/* `lab` is the host copy of the labels' local values. */
+static tsr_status count_valid(tsr_rank_t *r, const tsr_dtensor *labels, const int32_t *lab, int V,
+                              int64_t *local, int64_t *global) {
   int64_t n = tsr_tensor_numel(labels->local);
   *local = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -90,11 +100,16 @@ tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
 
   loss_saved *s = calloc(1, sizeof *s);
   if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving the loss");
-  *saved = s;
+  *saved = s; /* freed by the core when this fails */
   tsr_status st = TSR_OK;
+  tsr_tensor *lab_tmp = NULL, *stats_tmp = NULL;
+  const tsr_tensor *lab_host, *stats_host;
   int V = (int)logits->shape[2], N, Vl, v0;
   int64_t local;
-  TSR_CHECK_GOTO(count_valid(r, labels, V, &local, &s->valid), st);
+  /* the host counts the labels and sums the loss: one transfer each of the labels and the stats */
+  TSR_CHECK_GOTO(host_of(labels->local, &lab_tmp, &lab_host), st);
+  const int32_t *lab = tsr_tensor_data(lab_host);
+  TSR_CHECK_GOTO(count_valid(r, labels, lab, V, &local, &s->valid), st);
   const tsr_dtensor *x = logits;
   if (!tp->loss_parallel) {
     tsr_placement full[TSR_MAX_MESH_DIMS];
@@ -105,34 +120,36 @@ tsr_status tp_loss_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   }
   local_view(r, x, dim, &N, &Vl, &v0);
   if (!tp->loss_parallel) v0 = 0;
-  s->row_max = malloc(sizeof(float) * (size_t)(N ? N : 1));
-  s->sumexp = malloc(sizeof(float) * (size_t)(2 * N + 1));
-  if (!s->row_max || !s->sumexp) {
-    st = TSR_ERROR(TSR_ENOMEM, "out of memory in the vocabulary-parallel loss");
-    goto cleanup;
-  }
-  float *target = s->sumexp + N;
+  const int64_t stats_shape[2] = {3, N};
+  TSR_CHECK_GOTO(
+      tsr_tensor_new(tsr_tensor_scratch_allocator(x->local), TSR_F32, 2, stats_shape, &s->stats),
+      st);
+  float *row_max = tsr_tensor_data(s->stats), *sumexp = row_max + N, *target = sumexp + N;
   const float *lg = tsr_tensor_data(x->local);
-  const int32_t *lab = tsr_tensor_data(labels->local);
-  tsr_kernel_logits_row_max(s->row_max, lg, N, Vl);
+  const tsr_kernel_table *kt = tsr_kernel_table_of(x->local);
+  kt->logits_row_max(row_max, lg, N, Vl);
   tsr_group_t *g = NULL;
   if (tp->loss_parallel) {
     TSR_CHECK_GOTO(tsr_mesh_group(logits->mesh, tsr_rank_comm(r), 1u << dim, &g), st);
-    TSR_CHECK_GOTO(
-        tsr_comm_all_reduce(g, s->row_max, s->row_max, (size_t)N, TSR_F32, TSR_REDUCE_MAX), st);
+    TSR_CHECK_GOTO(tsr_comm_all_reduce(g, row_max, row_max, (size_t)N, TSR_F32, TSR_REDUCE_MAX),
+                   st);
   }
-  tsr_kernel_logits_row_sumexp(s->sumexp, lg, s->row_max, N, Vl);
-  tsr_kernel_logits_target(target, lg, lab, N, Vl, v0);
+  kt->logits_row_sumexp(sumexp, lg, row_max, N, Vl);
+  kt->logits_target(target, lg, tsr_tensor_data(labels->local), N, Vl, v0);
   if (g)
-    TSR_CHECK_GOTO(
-        tsr_comm_all_reduce(g, s->sumexp, s->sumexp, (size_t)2 * N, TSR_F32, TSR_REDUCE_SUM), st);
+    TSR_CHECK_GOTO(tsr_comm_all_reduce(g, sumexp, sumexp, (size_t)2 * N, TSR_F32, TSR_REDUCE_SUM),
+                   st);
+  TSR_CHECK_GOTO(host_of(s->stats, &stats_tmp, &stats_host), st);
+  const float *hmax = tsr_tensor_data(stats_host), *hsum = hmax + N, *htarget = hsum + N;
   double total = 0.0;
   for (int i = 0; i < N; i++)
     if (lab[i] != TSR_IGNORE_INDEX)
-      total += (double)s->row_max[i] + log((double)s->sumexp[i]) - (double)target[i];
+      total += (double)hmax[i] + log((double)hsum[i]) - (double)htarget[i];
   /* each shard's sum over the batch's valid count: the pieces add up to the mean */
-  *(float *)tsr_tensor_data((*out)->local) = s->valid > 0 ? (float)(total / (double)s->valid) : NAN;
+  tsr_tensor_set((*out)->local, NULL, s->valid > 0 ? (float)(total / (double)s->valid) : NAN);
 cleanup:
+  tsr_tensor_free(lab_tmp);
+  tsr_tensor_free(stats_tmp);
   return st;
 }
 
@@ -147,10 +164,12 @@ tsr_status tp_loss_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *
   if (!logits->local || !gout[0] || !s || s->valid == 0) return TSR_OK;
   int N, Vl, v0;
   local_view(r, logits, dim, &N, &Vl, &v0);
-  float dloss = *(const float *)tsr_tensor_data(gout[0]->local);
+  float dloss = (float)tsr_tensor_get(gout[0]->local, NULL);
+  const float *row_max = tsr_tensor_data(s->stats), *sumexp = row_max + N;
   /* with the logits gathered, row_max and sumexp cover the whole vocabulary just the same */
-  tsr_kernel_cross_entropy_shard_backward(
-      tsr_tensor_data(gin[0]->local), tsr_tensor_data(logits->local), tsr_tensor_data(in[1]->local),
-      s->row_max, s->sumexp, N, Vl, v0, dloss / (float)s->valid);
+  tsr_kernel_table_of(logits->local)
+      ->cross_entropy_shard_backward(tsr_tensor_data(gin[0]->local), tsr_tensor_data(logits->local),
+                                     tsr_tensor_data(in[1]->local), row_max, sumexp, N, Vl, v0,
+                                     dloss / (float)s->valid);
   return TSR_OK;
 }
