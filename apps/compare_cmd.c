@@ -9,12 +9,17 @@
 
 static const char compare_usage[] =
     "usage: tessera compare A.safetensors B.safetensors [--rtol R] [--atol A]\n"
+    "       tessera compare A.safetensors B.safetensors --rel-l2 X [--skip PREFIX]...\n"
     "\n"
     "Compares two dumps (or any safetensors files of float tensors) tensor by tensor: an element\n"
     "agrees when |a - b| <= atol + rtol * |b| (b from the second file; NaN never agrees). Prints\n"
     "every tensor that disagrees with its worst element, then the largest absolute and relative\n"
     "errors over all tensors (relative ones where |b| >= 10 atol). Defaults: rtol 1e-4, atol "
     "1e-5.\n"
+    "\n"
+    "With --rel-l2 a tensor agrees when ||a - b|| <= X ||b|| (2-norms over the tensor), the test\n"
+    "for low-precision runs, where single elements move by a rounding step of bf16; every tensor\n"
+    "of B must be in A. --skip leaves out the tensors whose names start with PREFIX.\n"
     "\n"
     "exit codes: 0 every tensor agrees, 1 some tensor differs, 2 bad arguments or unreadable "
     "file\n";
@@ -61,6 +66,72 @@ cleanup:
   return st;
 }
 
+static bool skipped(const char *name, const char *const *skip, int nskip) {
+  for (int i = 0; i < nskip; i++)
+    if (!strncmp(name, skip[i], strlen(skip[i]))) return true;
+  return false;
+}
+
+/* --rel-l2: every tensor of b (but the skipped ones) against a's, by 2-norms in double. */
+static int compare_rel_l2(const char *pa, const char *pb, double tol, const char *const *skip,
+                          int nskip) {
+  tsr_safetensors_t *a = NULL, *b = NULL;
+  tsr_status st = TSR_OK;
+  int nbad = 0, nseen = 0;
+  double max_err = 0;
+  char max_name[256] = "-";
+  TSR_CHECK_GOTO(tsr_safetensors_open(pa, &a), st);
+  TSR_CHECK_GOTO(tsr_safetensors_open(pb, &b), st);
+  for (int i = 0; i < tsr_safetensors_count(b); i++) {
+    const char *name = tsr_safetensors_name(b, i);
+    if (skipped(name, skip, nskip)) continue;
+    nseen++;
+    tsr_tensor *x = NULL, *y = NULL;
+    if (!tsr_safetensors_has(a, name)) {
+      printf("%s: missing from %s\n", name, pa);
+      nbad++;
+      continue;
+    }
+    TSR_CHECK_GOTO(tsr_safetensors_read_as(b, name, TSR_F32, &y), st);
+    st = tsr_safetensors_read_as(a, name, TSR_F32, &x);
+    if (st == TSR_OK && tsr_tensor_numel(x) != tsr_tensor_numel(y)) {
+      printf("%s: %lld elements in %s, %lld in %s\n", name, (long long)tsr_tensor_numel(x), pa,
+             (long long)tsr_tensor_numel(y), pb);
+      nbad++;
+    } else if (st == TSR_OK) {
+      const float *px = tsr_tensor_data(x), *py = tsr_tensor_data(y);
+      double diff = 0, norm = 0;
+      for (int64_t k = 0; k < tsr_tensor_numel(y); k++) {
+        double d = (double)px[k] - py[k];
+        diff += d * d;
+        norm += (double)py[k] * py[k];
+      }
+      diff = sqrt(diff), norm = sqrt(norm);
+      double r = norm > 0 ? diff / norm : (diff > 0 ? INFINITY : 0);
+      /* NaN compares false: never agrees */
+      if (!(diff <= tol * norm)) {
+        printf("%s: relative L2 error %.3g > %g\n", name, r, tol);
+        nbad++;
+      }
+      if (r > max_err || r != r) max_err = r, snprintf(max_name, sizeof max_name, "%s", name);
+    }
+    tsr_tensor_free(x);
+    tsr_tensor_free(y);
+    if (st != TSR_OK) goto cleanup;
+  }
+cleanup:
+  tsr_safetensors_close(a);
+  tsr_safetensors_close(b);
+  if (st != TSR_OK) {
+    fprintf(stderr, "tessera compare: %s\n", tsr_last_error());
+    return TSR_EXIT_BAD_INPUT;
+  }
+  printf("max relative L2 err %.3g (%s) over %d tensors\n", max_err, max_name, nseen);
+  printf("%s: %d tensor%s differ%s at relative L2 %g\n", nbad ? "DIFFER" : "MATCH", nbad,
+         nbad == 1 ? "" : "s", nbad == 1 ? "s" : "", tol);
+  return nbad ? TSR_EXIT_RUNTIME : TSR_EXIT_OK;
+}
+
 int tsr_cmd_compare(int argc, char **argv) {
   if (tsr_app_wants_help(argc, argv)) {
     fputs(compare_usage, stdout);
@@ -68,9 +139,14 @@ int tsr_cmd_compare(int argc, char **argv) {
   }
   const char *files[2] = {NULL, NULL};
   int nfiles = 0;
-  double tol[2] = {1e-4, 1e-5};
+  double tol[3] = {1e-4, 1e-5, -1}; /* rtol, atol, rel-l2 (< 0: elementwise) */
+  const char *skip[16];
+  int nskip = 0;
   for (int i = 1; i < argc; i++) {
-    int which = !strcmp(argv[i], "--rtol") ? 0 : !strcmp(argv[i], "--atol") ? 1 : -1;
+    int which = !strcmp(argv[i], "--rtol")     ? 0
+                : !strcmp(argv[i], "--atol")   ? 1
+                : !strcmp(argv[i], "--rel-l2") ? 2
+                                               : -1;
     if (which >= 0) {
       char *end = NULL;
       if (i + 1 < argc) tol[which] = strtod(argv[i + 1], &end);
@@ -79,6 +155,13 @@ int tsr_cmd_compare(int argc, char **argv) {
         return TSR_EXIT_BAD_INPUT;
       }
       i++;
+    } else if (!strcmp(argv[i], "--skip")) {
+      if (i + 1 >= argc || nskip == (int)(sizeof skip / sizeof skip[0])) {
+        fprintf(stderr, "tessera compare: --skip needs a name prefix (at most %d)\n%s",
+                (int)(sizeof skip / sizeof skip[0]), compare_usage);
+        return TSR_EXIT_BAD_INPUT;
+      }
+      skip[nskip++] = argv[++i];
     } else if (argv[i][0] == '-' || nfiles == 2) {
       fprintf(stderr, "tessera compare: unexpected argument '%s'\n%s", argv[i], compare_usage);
       return TSR_EXIT_BAD_INPUT;
@@ -88,6 +171,11 @@ int tsr_cmd_compare(int argc, char **argv) {
   }
   if (nfiles != 2) {
     fprintf(stderr, "tessera compare: needs two files\n%s", compare_usage);
+    return TSR_EXIT_BAD_INPUT;
+  }
+  if (tol[2] >= 0) return compare_rel_l2(files[0], files[1], tol[2], skip, nskip);
+  if (nskip) {
+    fprintf(stderr, "tessera compare: --skip goes with --rel-l2\n%s", compare_usage);
     return TSR_EXIT_BAD_INPUT;
   }
   char report[8192];

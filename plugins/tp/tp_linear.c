@@ -63,9 +63,13 @@ tsr_status tp_linear_in_split_forward(tsr_rank_t *r, int dim, int nin, const tsr
   tsr_status st = tsr_tensor_to(cols, tsr_tensor_scratch_allocator(x->local), &s->x);
   tsr_tensor_free(cols);
   TSR_CHECK(st);
-  tsr_kernel_table_of(x->local)->matmul_forward(tsr_tensor_data((*out)->local),
-                                                tsr_tensor_data(s->x), tsr_tensor_data(w->local),
-                                                NULL, s->rows, s->Cl, s->OC);
+  const tsr_kernel_table *kt = tsr_kernel_table_of(x->local);
+  float *o = tsr_tensor_data((*out)->local), *xs = tsr_tensor_data(s->x);
+  const float *ws = tsr_tensor_data(w->local);
+  /* the same precision as the core's linear, so a tied lm_head under tp rounds as on one rank */
+  if (tsr_rank_matmul_dtype(r) == TSR_BF16)
+    return kt->matmul_forward_bf16(o, xs, ws, NULL, s->rows, s->Cl, s->OC);
+  kt->matmul_forward(o, xs, ws, NULL, s->rows, s->Cl, s->OC);
   return TSR_OK;
 }
 
@@ -87,9 +91,12 @@ tsr_status tp_linear_in_split_backward(tsr_rank_t *r, int dim, int nin,
   TSR_CHECK(tsr_dtensor_zeros(r, x->mesh, TSR_F32, x->ndim, x->shape, px, &gin[0]));
   TSR_CHECK(tsr_dtensor_zeros(r, w->mesh, TSR_F32, w->ndim, w->shape, pw, &gin[1]));
   if (!s || !gout[0]) return TSR_OK;
-  tsr_kernel_table_of(s->x)->matmul_backward(tsr_tensor_data(gin[0]->local),
-                                             tsr_tensor_data(gin[1]->local), NULL,
-                                             tsr_tensor_data(gout[0]->local), tsr_tensor_data(s->x),
-                                             tsr_tensor_data(w->local), s->rows, s->Cl, s->OC);
+  const tsr_kernel_table *kt = tsr_kernel_table_of(s->x);
+  float *dx = tsr_tensor_data(gin[0]->local), *dw = tsr_tensor_data(gin[1]->local);
+  const float *g = tsr_tensor_data(gout[0]->local), *xs = tsr_tensor_data(s->x),
+              *ws = tsr_tensor_data(w->local);
+  if (tsr_rank_matmul_dtype(r) == TSR_BF16)
+    return kt->matmul_backward_bf16(dx, dw, NULL, g, xs, ws, s->rows, s->Cl, s->OC);
+  kt->matmul_backward(dx, dw, NULL, g, xs, ws, s->rows, s->Cl, s->OC);
   return TSR_OK;
 }

@@ -4,14 +4,22 @@ add_test(NAME e2e_mesh_matrix
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mesh_matrix.sh ${TESSERA_BIN}
           ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/mesh_matrix)
 set_tests_properties(e2e_mesh_matrix PROPERTIES LABELS e2e TIMEOUT 900
-  PASS_REGULAR_EXPRESSION "mesh matrix on cpu: [0-9]+ passed, [0-9]+ skipped, 0 failed")
+  PASS_REGULAR_EXPRESSION "mesh matrix on cpu in f32: [0-9]+ passed, [0-9]+ skipped, 0 failed")
 # The same meshes as virtual ranks on one device: the emulated one, whose memory the host cannot
 # touch, so a rule that reads device memory from the host crashes here instead of on a GPU.
 add_test(NAME e2e_mesh_matrix_emu
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mesh_matrix.sh ${TESSERA_BIN}
           ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/mesh_matrix_emu)
 set_tests_properties(e2e_mesh_matrix_emu PROPERTIES LABELS e2e TIMEOUT 900 ENVIRONMENT DEVICE=emu
-  PASS_REGULAR_EXPRESSION "mesh matrix on emu: [0-9]+ passed, [0-9]+ skipped, 0 failed")
+  PASS_REGULAR_EXPRESSION "mesh matrix on emu in f32: [0-9]+ passed, [0-9]+ skipped, 0 failed")
+
+# The same meshes in mixed precision ([job] dtype = bf16) against the 1-rank bf16 run, by
+# relative L2 error per tensor (mesh_matrix.sh says why and how far).
+add_test(NAME e2e_mesh_matrix_bf16
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mesh_matrix.sh ${TESSERA_BIN}
+          ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/mesh_matrix_bf16)
+set_tests_properties(e2e_mesh_matrix_bf16 PROPERTIES LABELS e2e TIMEOUT 900 ENVIRONMENT DTYPE=bf16
+  PASS_REGULAR_EXPRESSION "mesh matrix on cpu in bf16: [0-9]+ passed, [0-9]+ skipped, 0 failed")
 
 # --set mesh.dims without a matching shape is refused after all overrides are applied.
 add_test(NAME e2e_set_mesh_mismatch
