@@ -56,8 +56,10 @@ static void test_gemm(void **state) {
   gemm_case(4, 6, 0, false); /* empty reduction: c = beta · c */
 }
 
-static void test_matmul(void **state) {
-  (void)state;
+/* The f32 linear (IEEE products), or the bf16 one: both sides round the same f32 inputs to the
+ * same bf16 operands and their products are exact, so only the order of the f32 sums differs and
+ * the f32 tolerance holds for it too. */
+static void matmul_case(bool bf16) {
   const int N = 37, C = 70, OC = 45;
   uint64_t s = 11;
   float *x = test_alloc(N * C), *w = test_alloc(OC * C), *bias = test_alloc(OC);
@@ -74,19 +76,39 @@ static void test_matmul(void **state) {
   float *d_x = dev_f(x, N * C), *d_w = dev_f(w, OC * C), *d_b = dev_f(bias, OC);
   float *d_out = dev_f(out, N * OC), *d_g = dev_f(g, N * OC);
   float *d_dx = dev_f(dx, N * C), *d_dw = dev_f(dw, OC * C), *d_db = dev_f(db, OC);
-  cpu->matmul_forward(out, x, w, bias, N, C, OC);
-  gpu->matmul_forward(d_out, d_x, d_w, d_b, N, C, OC);
-  check_dev("matmul forward", d_out, out, N * OC, RTOL, 1e-5);
-  cpu->matmul_backward(dx, dw, db, g, x, w, N, C, OC);
-  gpu->matmul_backward(d_dx, d_dw, d_db, d_g, d_x, d_w, N, C, OC);
-  check_dev("matmul dx", d_dx, dx, N * C, RTOL, 1e-5);
-  check_dev("matmul dw", d_dw, dw, OC * C, RTOL, 1e-5);
-  check_dev("matmul dbias", d_db, db, OC, RTOL, 1e-5);
+  if (bf16) {
+    assert_int_equal(cpu->matmul_forward_bf16(out, x, w, bias, N, C, OC), TSR_OK);
+    assert_int_equal(gpu->matmul_forward_bf16(d_out, d_x, d_w, d_b, N, C, OC), TSR_OK);
+  } else {
+    cpu->matmul_forward(out, x, w, bias, N, C, OC);
+    gpu->matmul_forward(d_out, d_x, d_w, d_b, N, C, OC);
+  }
+  check_dev(bf16 ? "matmul bf16 forward" : "matmul forward", d_out, out, N * OC, RTOL, 1e-5);
+  if (bf16) {
+    assert_int_equal(cpu->matmul_backward_bf16(dx, dw, db, g, x, w, N, C, OC), TSR_OK);
+    assert_int_equal(gpu->matmul_backward_bf16(d_dx, d_dw, d_db, d_g, d_x, d_w, N, C, OC), TSR_OK);
+  } else {
+    cpu->matmul_backward(dx, dw, db, g, x, w, N, C, OC);
+    gpu->matmul_backward(d_dx, d_dw, d_db, d_g, d_x, d_w, N, C, OC);
+  }
+  check_dev(bf16 ? "matmul bf16 dx" : "matmul dx", d_dx, dx, N * C, RTOL, 1e-5);
+  check_dev(bf16 ? "matmul bf16 dw" : "matmul dw", d_dw, dw, OC * C, RTOL, 1e-5);
+  check_dev(bf16 ? "matmul bf16 dbias" : "matmul dbias", d_db, db, OC, RTOL, 1e-5);
   tsr_cuda_ctx_set_tf32(g_ctx, true);
   dev_free(d_x, N * C * 4), dev_free(d_w, OC * C * 4), dev_free(d_b, OC * 4);
   dev_free(d_out, N * OC * 4), dev_free(d_g, N * OC * 4);
   dev_free(d_dx, N * C * 4), dev_free(d_dw, OC * C * 4), dev_free(d_db, OC * 4);
   free(x), free(w), free(bias), free(out), free(g), free(dx), free(dw), free(db);
+}
+
+static void test_matmul(void **state) {
+  (void)state;
+  matmul_case(false);
+}
+
+static void test_matmul_bf16(void **state) {
+  (void)state;
+  matmul_case(true);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -621,6 +643,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_matmul),
+      cmocka_unit_test(test_matmul_bf16),
       cmocka_unit_test(test_rmsnorm),
       cmocka_unit_test(test_rope),
       cmocka_unit_test(test_layouts),
