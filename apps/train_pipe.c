@@ -84,8 +84,8 @@ tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnor
   if (coef >= 1.0f) return TSR_OK; /* as tsr_clip_grad_norm: x * 1 is x */
   for (int i = t->nparams; i < t->nopt; i++) {
     tsr_dtensor *g = t->params[i]->grad;
-    if (g && g->local)
-      tsr_kernel_scale(tsr_tensor_data(g->local), tsr_tensor_numel(g->local), coef);
+    /* on the gradient's device, as tsr_clip_grad_norm scales the others */
+    if (g && g->local) TSR_CHECK(tsr_tensor_scale(g->local, coef));
   }
   return TSR_OK;
 }

@@ -13,11 +13,14 @@ dev=${DEVICE:-emu} rtol=${RTOL:-0} atol=${ATOL:-0}
 mkdir -p "$dir"
 rm -f "$dir"/*.safetensors
 for job in single dp_fsdp dp_hsdp_notp pp_zero_bubble pp_interleaved tp tp_sp cp_ring cp_ulysses \
-  cp_hybrid llama-tiny llama-tiny_bf16; do
+  cp_hybrid llama-tiny llama-tiny_bf16 llama-tiny_tied; do
   ini="$ex/$job.ini" extra=""
   if [ "$job" = dp_hsdp_notp ]; then
     # HSDP without tp: dp_replicate 2 x dp_shard 2
     ini="$ex/dp_hsdp.ini" extra="--set mesh.shape=2,2,1"
+  elif [ "$job" = llama-tiny_tied ]; then
+    # tied embeddings over pp stages: the replica's gradient is clipped apart from the others
+    ini="$ex/llama-tiny.ini" extra="--set model.tie_word_embeddings=true"
   elif [ "$job" = llama-tiny_bf16 ]; then
     # the main job in mixed precision: the bf16 GEMMs of the device
     ini="$ex/llama-tiny.ini" extra="--set job.dtype=bf16"
