@@ -391,17 +391,11 @@ static tsr_status msg_take(tsr_group_t *g, int peer, void *buf, size_t count, ts
         st = tsr_device_wait(buf, msg->buf);
       }
       pthread_mutex_lock(&lg->mu);
-      if (st != TSR_OK) {
-        /* the copy's failure is this rank's to report; the sender's part went through */
-        msg->status = TSR_OK;
-        msg->state = LOCAL_MSG_DONE;
-        pthread_cond_broadcast(&lg->cv);
-        return st;
-      }
+      /* a failed copy is this rank's to report: the sender's part went through */
       msg->status = TSR_OK;
       msg->state = LOCAL_MSG_DONE;
       pthread_cond_broadcast(&lg->cv);
-      return TSR_OK;
+      return st;
     }
     if (lg->broken) return tsr_error(lg->broken_status, "%s", lg->why);
     if (lg->m[peer].exited) {

@@ -27,14 +27,10 @@
 /* Elements reduced at a time: the accumulator stays in L1 while the peers stream through. */
 #define TSR_REDUCE_BLOCK 512
 
-static bool on_device(const void *p) {
-  return p && tsr_kernel_table_of_ptr(p)->device != TSR_DEVICE_CPU;
-}
-
 tsr_status tsr_device_wait(const void *a, const void *b) {
   tsr_status st = TSR_OK;
-  if (on_device(a)) st = tsr_kernel_table_of_ptr(a)->sync();
-  if (st == TSR_OK && on_device(b) &&
+  if (tsr_on_device(a)) st = tsr_kernel_table_of_ptr(a)->sync();
+  if (st == TSR_OK && tsr_on_device(b) &&
       (!a || tsr_kernel_table_of_ptr(a) != tsr_kernel_table_of_ptr(b)))
     st = tsr_kernel_table_of_ptr(b)->sync();
   return st;
@@ -52,7 +48,7 @@ static void phase_end(tsr_group_t *g, const void *a, const void *b, tsr_status *
 /* Host view of `len` elements at element `off` of src: src itself on the host, else a copy in
  * `stage` (TSR_REDUCE_BLOCK * 8 bytes). */
 static const void *host_block(const void *src, size_t off, size_t len, size_t es, void *stage) {
-  if (!on_device(src)) return (const char *)src + off * es;
+  if (!tsr_on_device(src)) return (const char *)src + off * es;
   tsr_memcpy_any(stage, (const char *)src + off * es, len * es);
   return stage;
 }
@@ -75,7 +71,7 @@ static void load_f32(tsr_dtype dt, const void *src, size_t off, size_t len, floa
 /* The only rounding of a bf16/f16 reduction: accumulation is in f32. */
 static void store_f32(tsr_dtype dt, const float *acc, size_t len, void *dst) {
   uint64_t stage[TSR_REDUCE_BLOCK];
-  void *out = on_device(dst) ? (void *)stage : dst;
+  void *out = tsr_on_device(dst) ? (void *)stage : dst;
   if (dt == TSR_F32) {
     memcpy(out, acc, len * sizeof *acc);
   } else if (dt == TSR_BF16) {
@@ -97,7 +93,7 @@ static void reduce_float(int n, const void *const *srcs, size_t off, size_t len,
     load_f32(dt, srcs[0], off + b, m, acc);
     for (int k = 1; k < n; k++) {
       const float *s = tmp;
-      if (dt == TSR_F32 && !on_device(srcs[k]))
+      if (dt == TSR_F32 && !tsr_on_device(srcs[k]))
         s = (const float *)srcs[k] + off + b;
       else
         load_f32(dt, srcs[k], off + b, m, tmp);
@@ -144,7 +140,7 @@ static void reduce_int(int n, const void *const *srcs, size_t off, size_t len, t
     }
     if (op == TSR_REDUCE_AVG)
       for (size_t i = 0; i < m; i++) acc[i] /= n;
-    void *out = on_device(dst) ? (void *)tmp : (char *)dst + b * tsr_dtype_size(dt);
+    void *out = tsr_on_device(dst) ? (void *)tmp : (char *)dst + b * tsr_dtype_size(dt);
     if (dt == TSR_I64) {
       memcpy(out, acc, m * sizeof *acc);
     } else {
@@ -158,7 +154,7 @@ static void reduce_int(int n, const void *const *srcs, size_t off, size_t len, t
 
 /* Whether a reduction into `recv` may run on the device as an f32 sum (reduce_device). */
 static bool sum_on_device(const tsr_call *call) {
-  return call->dt == TSR_F32 && call->op == TSR_REDUCE_SUM && on_device(call->recv);
+  return call->dt == TSR_F32 && call->op == TSR_REDUCE_SUM && tsr_on_device(call->recv);
 }
 
 /* The f32 sum on the device when every buffer is memory of one device: srcs[0], then + srcs[1],
@@ -167,7 +163,7 @@ static bool sum_on_device(const tsr_call *call) {
  * host blocks. */
 static bool reduce_device(int n, const void *const *srcs, size_t off, size_t len, tsr_dtype dt,
                           tsr_reduce_op op, void *dst, void *tmp) {
-  if (dt != TSR_F32 || op != TSR_REDUCE_SUM || !on_device(dst)) return false;
+  if (dt != TSR_F32 || op != TSR_REDUCE_SUM || !tsr_on_device(dst)) return false;
   const tsr_kernel_table *k = tsr_kernel_table_of_ptr(dst);
   bool aliased = false;
   for (int j = 0; j < n; j++) {
@@ -198,7 +194,7 @@ static void reduce(int n, const void *const *srcs, size_t off, size_t len, tsr_d
 static bool group_on_device(tsr_group_t *g) {
   local_group *lg = tsr_local_group(g);
   for (int j = 0; j < g->n; j++)
-    if (on_device(lg->m[j].call.send) || on_device(lg->m[j].call.recv)) return true;
+    if (tsr_on_device(lg->m[j].call.send) || tsr_on_device(lg->m[j].call.recv)) return true;
   return false;
 }
 

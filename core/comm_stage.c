@@ -11,16 +11,12 @@
 #include "comm_impl.h"
 #include "kernel_table.h"
 
-static bool on_device(const void *p) {
-  return p && tsr_kernel_table_of_ptr(p)->device != TSR_DEVICE_CPU;
-}
-
 tsr_status tsr_stage_begin(const tsr_group_t *g, const void **send, size_t send_bytes, void **recv,
                            size_t recv_bytes, tsr_stage *s) {
   memset(s, 0, sizeof *s);
   const void *sd = send ? *send : NULL;
   void *rd = recv ? *recv : NULL;
-  bool dev_send = send_bytes && on_device(sd), dev_recv = recv_bytes && on_device(rd);
+  bool dev_send = send_bytes && tsr_on_device(sd), dev_recv = recv_bytes && tsr_on_device(rd);
   if (g->comm->iface->device_memory || (!dev_send && !dev_recv)) return TSR_OK;
   bool in_place = sd && sd == rd;
   size_t bytes = in_place ? (send_bytes > recv_bytes ? send_bytes : recv_bytes) : 0;

@@ -9,6 +9,7 @@
 
 #include "kernel_table.h"
 #include "tessera/plugin.h"
+#include "tessera/rank.h"
 
 #ifndef TSR_CUDA_BUILT
 #define TSR_CUDA_BUILT 0
@@ -225,6 +226,28 @@ const tsr_kernel_table *tsr_kernel_table_of_ptr(const void *p) {
   const tsr_kernel_table *cuda = atomic_load_explicit(&cuda_open, memory_order_acquire);
   if (cuda && cuda->owns(p)) return cuda;
   return &cpu_table;
+}
+
+tsr_status tsr_linear_forward(const tsr_rank_t *r, const tsr_kernel_table *k, float *out,
+                              const float *x, const float *w, const float *bias, int N, int C,
+                              int OC) {
+  if (tsr_rank_matmul_dtype(r) == TSR_BF16)
+    return k->matmul_forward_bf16(out, x, w, bias, N, C, OC);
+  k->matmul_forward(out, x, w, bias, N, C, OC);
+  return TSR_OK;
+}
+
+tsr_status tsr_linear_backward(const tsr_rank_t *r, const tsr_kernel_table *k, float *dx, float *dw,
+                               float *dbias, const float *dout, const float *x, const float *w,
+                               int N, int C, int OC) {
+  if (tsr_rank_matmul_dtype(r) == TSR_BF16)
+    return k->matmul_backward_bf16(dx, dw, dbias, dout, x, w, N, C, OC);
+  k->matmul_backward(dx, dw, dbias, dout, x, w, N, C, OC);
+  return TSR_OK;
+}
+
+bool tsr_on_device(const void *p) {
+  return p && tsr_kernel_table_of_ptr(p)->device != TSR_DEVICE_CPU;
 }
 
 void tsr_memcpy_any(void *dst, const void *src, size_t bytes) {

@@ -50,6 +50,9 @@ const tsr_kernel_table *tsr_kernel_table_of_device(tsr_device dev);
  * is open, a CUDA pointer), else the CPU table. */
 const tsr_kernel_table *tsr_kernel_table_of_ptr(const void *p);
 
+/* Whether `p` is memory of a device (not NULL and not host memory). */
+bool tsr_on_device(const void *p);
+
 /* Copies `bytes` between any two pointers, host or device, in either direction. */
 void tsr_memcpy_any(void *dst, const void *src, size_t bytes);
 

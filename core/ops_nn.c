@@ -152,14 +152,10 @@ static tsr_status linear_backward(tsr_tape_t *t, tsr_var *const *in, int nin, ts
   if (st == TSR_OK && w->requires_grad) st = tsr_op_new_grad(t, w, s->plan.grads[1], &dw);
   if (st == TSR_OK && g->local) {
     const tsr_tensor *xl = x->value->local, *wl = w->value->local;
-    const tsr_kernel_table *k = tsr_op_kernels(g);
-    float *dxd = dx ? fdata(dx) : NULL, *dwd = dw ? fdata(dw) : NULL;
-    int N = (int)tsr_op_rows(xl), C = (int)wl->shape[1], OC = (int)wl->shape[0];
-    if (tsr_rank_matmul_dtype(tsr_tape_rank(t)) == TSR_BF16)
-      st = k->matmul_backward_bf16(dxd, dwd, NULL, fdata(g), fdata(x->value), fdata(w->value), N, C,
-                                   OC);
-    else
-      k->matmul_backward(dxd, dwd, NULL, fdata(g), fdata(x->value), fdata(w->value), N, C, OC);
+    st =
+        tsr_linear_backward(tsr_tape_rank(t), tsr_op_kernels(g), dx ? fdata(dx) : NULL,
+                            dw ? fdata(dw) : NULL, NULL, fdata(g), fdata(x->value), fdata(w->value),
+                            (int)tsr_op_rows(xl), (int)wl->shape[1], (int)wl->shape[0]);
   }
   tsr_dtensor_free(owned);
   if (st == TSR_OK && dx) {
@@ -205,12 +201,9 @@ tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **o
                        "linear: the placements planned for '%s' give local shapes "
                        "that do not multiply",
                        weight->name ? weight->name : "");
-    const tsr_kernel_table *k = tsr_op_kernels(ov);
-    int N = (int)tsr_op_rows(xl), C = (int)wl->shape[1], OC = (int)wl->shape[0];
-    if (tsr_rank_matmul_dtype(tsr_tape_rank(t)) == TSR_BF16)
-      TSR_CHECK(k->matmul_forward_bf16(fdata(ov), fdata(xv), fdata(wv), NULL, N, C, OC));
-    else
-      k->matmul_forward(fdata(ov), fdata(xv), fdata(wv), NULL, N, C, OC);
+    TSR_CHECK(tsr_linear_forward(tsr_tape_rank(t), tsr_op_kernels(ov), fdata(ov), fdata(xv),
+                                 fdata(wv), NULL, (int)tsr_op_rows(xl), (int)wl->shape[1],
+                                 (int)wl->shape[0]));
   }
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "tessera/kernels.h"
+#include "tessera/rank.h"
 #include "tessera/tensor.h"
 
 #ifdef __cplusplus
@@ -146,6 +147,16 @@ typedef struct tsr_kernel_table {
   tsr_status (*matmul_backward_bf16)(float *dx, float *dw, float *dbias, const float *dout,
                                      const float *x, const float *w, int N, int C, int OC);
 } tsr_kernel_table;
+
+/* nn.Linear through table `k` at the rank's precision of matrix products
+ * (tsr_rank_matmul_dtype): matmul_forward / matmul_backward, or their _bf16 entries. What a rule
+ * that multiplies matrices calls, so that it rounds as the core's linear does. */
+tsr_status tsr_linear_forward(const tsr_rank_t *r, const tsr_kernel_table *k, float *out,
+                              const float *x, const float *w, const float *bias, int N, int C,
+                              int OC);
+tsr_status tsr_linear_backward(const tsr_rank_t *r, const tsr_kernel_table *k, float *dx, float *dw,
+                               float *dbias, const float *dout, const float *x, const float *w,
+                               int N, int C, int OC);
 
 /* The table of the device `t` lives on. Never NULL: the allocator that made `t`'s storage opened
  * that table already. */

@@ -31,7 +31,7 @@ tsr_device tsr_rank_device(const tsr_rank_t *r);
  * default), or TSR_BF16 for mixed precision, where every GEMM operand is rounded to bf16 and
  * accumulated in f32 (tsr_kernel_matmul_forward_bf16); parameters, gradients, optimizer state,
  * activations and every other op stay f32. TSR_EINVAL for any other dtype. Ops and plugin rules
- * that multiply matrices read it with tsr_rank_matmul_dtype. */
+ * that multiply matrices follow it through tsr_linear_forward / _backward (tessera/device.h). */
 tsr_status tsr_rank_set_matmul_dtype(tsr_rank_t *r, tsr_dtype dt);
 tsr_dtype tsr_rank_matmul_dtype(const tsr_rank_t *r);
 /* Frees the context (and releases its device, on the thread that set it). NULL is a no-op. */

@@ -63,14 +63,10 @@ tsr_status tp_linear_in_split_forward(tsr_rank_t *r, int dim, int nin, const tsr
   tsr_status st = tsr_tensor_to(cols, tsr_tensor_scratch_allocator(x->local), &s->x);
   tsr_tensor_free(cols);
   TSR_CHECK(st);
-  const tsr_kernel_table *kt = tsr_kernel_table_of(x->local);
-  float *o = tsr_tensor_data((*out)->local), *xs = tsr_tensor_data(s->x);
-  const float *ws = tsr_tensor_data(w->local);
-  /* the same precision as the core's linear, so a tied lm_head under tp rounds as on one rank */
-  if (tsr_rank_matmul_dtype(r) == TSR_BF16)
-    return kt->matmul_forward_bf16(o, xs, ws, NULL, s->rows, s->Cl, s->OC);
-  kt->matmul_forward(o, xs, ws, NULL, s->rows, s->Cl, s->OC);
-  return TSR_OK;
+  /* at the rank's precision, so a tied lm_head under tp rounds as on one rank */
+  return tsr_linear_forward(r, tsr_kernel_table_of(x->local), tsr_tensor_data((*out)->local),
+                            tsr_tensor_data(s->x), tsr_tensor_data(w->local), NULL, s->rows, s->Cl,
+                            s->OC);
 }
 
 tsr_status tp_linear_in_split_backward(tsr_rank_t *r, int dim, int nin,
@@ -91,12 +87,8 @@ tsr_status tp_linear_in_split_backward(tsr_rank_t *r, int dim, int nin,
   TSR_CHECK(tsr_dtensor_zeros(r, x->mesh, TSR_F32, x->ndim, x->shape, px, &gin[0]));
   TSR_CHECK(tsr_dtensor_zeros(r, w->mesh, TSR_F32, w->ndim, w->shape, pw, &gin[1]));
   if (!s || !gout[0]) return TSR_OK;
-  const tsr_kernel_table *kt = tsr_kernel_table_of(s->x);
-  float *dx = tsr_tensor_data(gin[0]->local), *dw = tsr_tensor_data(gin[1]->local);
-  const float *g = tsr_tensor_data(gout[0]->local), *xs = tsr_tensor_data(s->x),
-              *ws = tsr_tensor_data(w->local);
-  if (tsr_rank_matmul_dtype(r) == TSR_BF16)
-    return kt->matmul_backward_bf16(dx, dw, NULL, g, xs, ws, s->rows, s->Cl, s->OC);
-  kt->matmul_backward(dx, dw, NULL, g, xs, ws, s->rows, s->Cl, s->OC);
-  return TSR_OK;
+  return tsr_linear_backward(r, tsr_kernel_table_of(s->x), tsr_tensor_data(gin[0]->local),
+                             tsr_tensor_data(gin[1]->local), NULL, tsr_tensor_data(gout[0]->local),
+                             tsr_tensor_data(s->x), tsr_tensor_data(w->local), s->rows, s->Cl,
+                             s->OC);
 }
