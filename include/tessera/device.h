@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tessera/export.h"
 #include "tessera/kernels.h"
 #include "tessera/rank.h"
 #include "tessera/tensor.h"
@@ -151,26 +152,26 @@ typedef struct tsr_kernel_table {
 /* nn.Linear through table `k` at the rank's precision of matrix products
  * (tsr_rank_matmul_dtype): matmul_forward / matmul_backward, or their _bf16 entries. What a rule
  * that multiplies matrices calls, so that it rounds as the core's linear does. */
-tsr_status tsr_linear_forward(const tsr_rank_t *r, const tsr_kernel_table *k, float *out,
-                              const float *x, const float *w, const float *bias, int N, int C,
-                              int OC);
-tsr_status tsr_linear_backward(const tsr_rank_t *r, const tsr_kernel_table *k, float *dx, float *dw,
-                               float *dbias, const float *dout, const float *x, const float *w,
-                               int N, int C, int OC);
+TSR_API tsr_status tsr_linear_forward(const tsr_rank_t *r, const tsr_kernel_table *k, float *out,
+                                      const float *x, const float *w, const float *bias, int N,
+                                      int C, int OC);
+TSR_API tsr_status tsr_linear_backward(const tsr_rank_t *r, const tsr_kernel_table *k, float *dx,
+                                       float *dw, float *dbias, const float *dout, const float *x,
+                                       const float *w, int N, int C, int OC);
 
 /* The table of the device `t` lives on. Never NULL: the allocator that made `t`'s storage opened
  * that table already. */
-const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t);
+TSR_API const tsr_kernel_table *tsr_kernel_table_of(const tsr_tensor *t);
 
 /* The allocator for scratch that a kernel call beside `t` needs (saved activations, packed
  * heads): NULL, the process's untracked CPU allocator, for a host tensor, as the CPU kernels'
  * own scratch is; `t`'s own allocator for a device tensor, so the scratch is on the same device. */
-tsr_allocator *tsr_tensor_scratch_allocator(const tsr_tensor *t);
+TSR_API tsr_allocator *tsr_tensor_scratch_allocator(const tsr_tensor *t);
 
 /* A new contiguous i32 tensor of `n` elements in `alloc`'s memory (NULL: the process's CPU
  * allocator) holding the host values `host`: positions and ids for the kernels. */
-tsr_status tsr_tensor_from_i32(tsr_allocator *alloc, int64_t n, const int32_t *host,
-                               tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_from_i32(tsr_allocator *alloc, int64_t n, const int32_t *host,
+                                       tsr_tensor **out);
 
 #ifdef __cplusplus
 }
