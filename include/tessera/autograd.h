@@ -16,6 +16,7 @@
 
 #include <stdbool.h>
 
+#include "tessera/export.h"
 #include "tessera/dtensor.h"
 #include "tessera/rank.h"
 
@@ -34,28 +35,28 @@ typedef struct tsr_var {
 } tsr_var;
 
 /* A new tape for rank `r` (borrowed; must outlive the tape). */
-tsr_status tsr_tape_new(tsr_rank_t *r, tsr_tape_t **out);
+TSR_API tsr_status tsr_tape_new(tsr_rank_t *r, tsr_tape_t **out);
 /* Frees every node and every var the tape made. Leaves are untouched. */
-void tsr_tape_reset(tsr_tape_t *t);
-void tsr_tape_free(tsr_tape_t *t);
-tsr_rank_t *tsr_tape_rank(tsr_tape_t *t);
+TSR_API void tsr_tape_reset(tsr_tape_t *t);
+TSR_API void tsr_tape_free(tsr_tape_t *t);
+TSR_API tsr_rank_t *tsr_tape_rank(tsr_tape_t *t);
 /* While false, ops record nothing and their outputs do not require grad (inference). */
-void tsr_tape_set_recording(tsr_tape_t *t, bool on);
-int tsr_tape_node_count(const tsr_tape_t *t);
+TSR_API void tsr_tape_set_recording(tsr_tape_t *t, bool on);
+TSR_API int tsr_tape_node_count(const tsr_tape_t *t);
 
 /* A leaf holding `value` (ownership moves to the var). Free with tsr_var_free. */
-tsr_status tsr_var_new_leaf(tsr_dtensor *value, bool requires_grad, const char *name,
-                            tsr_var **out);
-void tsr_var_free(tsr_var *v);
+TSR_API tsr_status tsr_var_new_leaf(tsr_dtensor *value, bool requires_grad, const char *name,
+                                    tsr_var **out);
+TSR_API void tsr_var_free(tsr_var *v);
 /* Drops the gradient (the next backward starts from zero). */
-void tsr_var_zero_grad(tsr_var *v);
+TSR_API void tsr_var_zero_grad(tsr_var *v);
 
 /* Runs backward from `loss`, a var with one element (any placements). Its gradient is seeded
  * with 1 (Replicate on every mesh dim). */
-tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss);
+TSR_API tsr_status tsr_tape_backward(tsr_tape_t *t, tsr_var *loss);
 /* Runs backward from `out` with the given output gradient (ownership moves; same global shape
  * as out, any placements), as torch's out.backward(gradient). */
-tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad);
+TSR_API tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad);
 
 /* Split backward, for zero-bubble pipeline schedules: the part of a backward that the previous
  * pipeline stage waits for (the input gradients) runs first, and the weight gradients later.
@@ -72,11 +73,11 @@ tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad
  * tsr_tape_backward_with would have. TSR_EINVAL when nothing is deferred (no
  * tsr_tape_backward_input before) or, for backward_input, when a split is already pending.
  * tsr_tape_reset drops a pending split. */
-tsr_status tsr_tape_backward_input(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad,
-                                   tsr_var *const *inputs, int ninputs);
-tsr_status tsr_tape_backward_weight(tsr_tape_t *t);
+TSR_API tsr_status tsr_tape_backward_input(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad,
+                                           tsr_var *const *inputs, int ninputs);
+TSR_API tsr_status tsr_tape_backward_weight(tsr_tape_t *t);
 /* Number of nodes whose work tsr_tape_backward_input deferred (0 when none is pending). */
-int tsr_tape_deferred_count(const tsr_tape_t *t);
+TSR_API int tsr_tape_deferred_count(const tsr_tape_t *t);
 
 /* Gradient hooks. While backward runs, the hooks of the rank's registry (tsr_grad_hook in
  * tessera/registry.h) hear of every leaf that requires grad as soon as its gradient is final:
@@ -86,7 +87,7 @@ int tsr_tape_deferred_count(const tsr_tape_t *t);
 
 /* Redistributes v's gradient to v's own mesh and placements (Partial sums resolved). A var
  * without a gradient gets a zero one. */
-tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v);
+TSR_API tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v);
 
 /* ---- For op implementations (core and plugins). ---- */
 
@@ -98,19 +99,20 @@ typedef tsr_status (*tsr_backward_fn)(tsr_tape_t *t, tsr_var *const *inputs, int
 /* Records a node. `saved` (may be NULL) is owned by the tape from here on and released with
  * free_saved (may be NULL for plain free). When the tape is not recording, or no input requires
  * grad, nothing is recorded and `saved` is released at once. */
-tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
-                           tsr_var *const *outputs, int noutputs, tsr_backward_fn backward,
-                           void *saved, void (*free_saved)(void *));
+TSR_API tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs,
+                                   int ninputs, tsr_var *const *outputs, int noutputs,
+                                   tsr_backward_fn backward, void *saved,
+                                   void (*free_saved)(void *));
 /* Marks `v`, a var this tape made from `src` by a redistribute, as held only while it is used:
  * its local tensor is released once the next node that reads it has been recorded (that op's
  * forward is done) and rebuilt, by redistributing src->value to v's placements again, just
  * before that node's backward, then released again. A gathered FSDP parameter lives so: one
  * op's worth at a time instead of the whole model's. v must be read by one node only. */
-tsr_status tsr_tape_set_transient(tsr_tape_t *t, tsr_var *v, tsr_var *src);
+TSR_API tsr_status tsr_tape_set_transient(tsr_tape_t *t, tsr_var *v, tsr_var *src);
 /* A new var owned by the tape, holding `value` (ownership moves). */
-tsr_status tsr_tape_new_var(tsr_tape_t *t, tsr_dtensor *value, tsr_var **out);
+TSR_API tsr_status tsr_tape_new_var(tsr_tape_t *t, tsr_dtensor *value, tsr_var **out);
 /* Adds `grad` (ownership moves) into v's gradient. */
-tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad);
+TSR_API tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "tessera/export.h"
 #include "tessera/mesh.h"
 #include "tessera/status.h"
 #include "tessera/tensor.h"
@@ -57,9 +58,9 @@ typedef struct tsr_key_spec {
 
 /* Checks `value` against `spec`. On failure returns TSR_EINVAL with a message that says what was
  * expected (type, range, choices) without any location; callers prefix the location. */
-tsr_status tsr_key_check(const tsr_key_spec *spec, const char *value);
+TSR_API tsr_status tsr_key_check(const tsr_key_spec *spec, const char *value);
 /* "integer in [1, 1000000]", "one of gpipe | 1f1b", ... into buf. Returns buf. */
-const char *tsr_key_describe(const tsr_key_spec *spec, char *buf, size_t len);
+TSR_API const char *tsr_key_describe(const tsr_key_spec *spec, char *buf, size_t len);
 
 /* ---- The parsed job ---- */
 
@@ -155,10 +156,10 @@ typedef struct tsr_config {
 
 /* Parses and validates the job file at `path` into a new config. On TSR_EINVAL (bad input) or
  * TSR_EIO (unreadable file) the last error holds every problem found, one per line. */
-tsr_status tsr_config_load(const char *path, tsr_config **out);
+TSR_API tsr_status tsr_config_load(const char *path, tsr_config **out);
 /* As tsr_config_load, from text in memory; `name` stands in for the file name in messages. */
-tsr_status tsr_config_parse_string(const char *text, const char *name, tsr_config **out);
-void tsr_config_free(tsr_config *cfg);
+TSR_API tsr_status tsr_config_parse_string(const char *text, const char *name, tsr_config **out);
+TSR_API void tsr_config_free(tsr_config *cfg);
 
 /* Sets one core key from "section.key=value" (e.g. "output.dump=/tmp/d.safetensors"), checked
  * as the parser checks it: unknown keys get a did-you-mean, bad values say what is expected. For
@@ -167,46 +168,46 @@ void tsr_config_free(tsr_config *cfg);
  * dims and shape keep the world size in step, 0 while their counts differ).
  * "strategy.NAME.key=value" adds or replaces a key of [strategy.NAME] (made if absent); the
  * plugin checks it when it loads, as it checks the file's keys. */
-tsr_status tsr_config_set(tsr_config *cfg, const char *assignment);
+TSR_API tsr_status tsr_config_set(tsr_config *cfg, const char *assignment);
 /* After the last tsr_config_set: the cross-checks that overrides can break ([mesh] dims and
  * shape of one length, every [strategy.NAME] with its plugin in [plugins] load), TSR_EINVAL with
  * the fix otherwise. */
-tsr_status tsr_config_check_sets(const tsr_config *cfg);
+TSR_API tsr_status tsr_config_check_sets(const tsr_config *cfg);
 
 /* TSR_EINVAL when the mesh product differs from the world size a backend provides. */
-tsr_status tsr_config_check_world(const tsr_config *cfg, int world);
+TSR_API tsr_status tsr_config_check_world(const tsr_config *cfg, int world);
 
 /* Line where `key` of `section` was set (section "strategy.tp" for plugin sections, key NULL for
  * the section header), or 0 when the file did not set it. */
-int tsr_config_line(const tsr_config *cfg, const char *section, const char *key);
+TSR_API int tsr_config_line(const tsr_config *cfg, const char *section, const char *key);
 
 /* Records "file:line: [section] key: <message>" as the last error and returns `s`. Plugins use
  * it for their own cross-checks (heads % tp, ...) so that they read like the core's. */
-tsr_status tsr_config_error(const tsr_config *cfg, tsr_status s, const char *section,
-                            const char *key, const char *fmt, ...)
+TSR_API tsr_status tsr_config_error(const tsr_config *cfg, tsr_status s, const char *section,
+                                    const char *key, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
 /* The [strategy.NAME] section of plugin `name`, or NULL when the file has none. */
-const tsr_config_section *tsr_config_strategy(const tsr_config *cfg, const char *name);
+TSR_API const tsr_config_section *tsr_config_strategy(const tsr_config *cfg, const char *name);
 
 /* Checks a plugin section against the plugin's keys (terminated by name == NULL): unknown keys
  * (with a did-you-mean), bad values and missing required keys. `plugin_path` goes into the
  * message so the user knows which build declared the keys. */
-tsr_status tsr_config_check_section(const tsr_config *cfg, const char *plugin,
-                                    const tsr_key_spec *keys, const char *plugin_path);
+TSR_API tsr_status tsr_config_check_section(const tsr_config *cfg, const char *plugin,
+                                            const tsr_key_spec *keys, const char *plugin_path);
 
 /* Value of `key` for plugin `plugin`: the INI text, else the key's default from `keys`, else
  * NULL. The section must have passed tsr_config_check_section. */
-const char *tsr_config_get(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
-                           const char *key);
+TSR_API const char *tsr_config_get(const tsr_config *cfg, const char *plugin,
+                                   const tsr_key_spec *keys, const char *key);
 /* Typed forms of tsr_config_get. They return TSR_EINVAL for a key that is neither set nor
  * defaulted or a value that does not parse. */
-tsr_status tsr_config_get_int(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
-                              const char *key, int64_t *out);
-tsr_status tsr_config_get_float(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
-                                const char *key, double *out);
-tsr_status tsr_config_get_bool(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
-                               const char *key, bool *out);
+TSR_API tsr_status tsr_config_get_int(const tsr_config *cfg, const char *plugin,
+                                      const tsr_key_spec *keys, const char *key, int64_t *out);
+TSR_API tsr_status tsr_config_get_float(const tsr_config *cfg, const char *plugin,
+                                        const tsr_key_spec *keys, const char *key, double *out);
+TSR_API tsr_status tsr_config_get_bool(const tsr_config *cfg, const char *plugin,
+                                       const tsr_key_spec *keys, const char *key, bool *out);
 
 /* ---- The core schema ---- */
 
@@ -215,14 +216,14 @@ typedef struct tsr_config_key {
   tsr_key_spec spec;
 } tsr_config_key;
 
-int tsr_config_schema_count(void);
-const tsr_config_key *tsr_config_schema_at(int i);
+TSR_API int tsr_config_schema_count(void);
+TSR_API const tsr_config_key *tsr_config_schema_at(int i);
 /* Writes the INI reference (docs/ini-reference.md) generated from the schema to `f`. */
-tsr_status tsr_config_write_reference(FILE *f);
+TSR_API tsr_status tsr_config_write_reference(FILE *f);
 
 /* Smallest edit distance candidate among `n` names for did-you-mean hints, or NULL when none is
  * close enough to be a plausible typo. */
-const char *tsr_closest_name(const char *word, const char *const *names, int n);
+TSR_API const char *tsr_closest_name(const char *word, const char *const *names, int n);
 
 #ifdef __cplusplus
 }

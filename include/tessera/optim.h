@@ -10,6 +10,7 @@
 
 #include <stdint.h>
 
+#include "tessera/export.h"
 #include "tessera/autograd.h"
 #include "tessera/config.h"
 #include "tessera/dtensor.h"
@@ -32,24 +33,24 @@ typedef struct tsr_adamw_t tsr_adamw_t;
  * exp_avg_sq, is one zeroed DTensor per parameter with the parameter's global shape, mesh and
  * placements, allocated from r's allocator; the step counter starts at 0. Every parameter must
  * be f32 with a contiguous local tensor. */
-tsr_status tsr_adamw_new(tsr_rank_t *r, int n, tsr_var *const *params, const tsr_adamw_config *cfg,
-                         tsr_adamw_t **out);
+TSR_API tsr_status tsr_adamw_new(tsr_rank_t *r, int n, tsr_var *const *params,
+                                 const tsr_adamw_config *cfg, tsr_adamw_t **out);
 /* NULL is a no-op. */
-void tsr_adamw_free(tsr_adamw_t *o);
+TSR_API void tsr_adamw_free(tsr_adamw_t *o);
 
 /* One step at learning rate `lr`: increments the step counter, then updates every parameter from
  * its gradient (tsr_kernel_adamw on the local shards). Each gradient must already be resolved to
  * its parameter's placements (tsr_var_resolve_grad); a missing or differently placed gradient is
  * TSR_EINVAL naming the parameter. Ranks that hold no shard of a parameter skip it. */
-tsr_status tsr_adamw_step(tsr_adamw_t *o, double lr);
+TSR_API tsr_status tsr_adamw_step(tsr_adamw_t *o, double lr);
 
 /* Steps taken so far (torch's state["step"]); set it when loading a checkpoint. */
-int64_t tsr_adamw_get_step(const tsr_adamw_t *o);
-void tsr_adamw_set_step(tsr_adamw_t *o, int64_t step);
-int tsr_adamw_param_count(const tsr_adamw_t *o);
+TSR_API int64_t tsr_adamw_get_step(const tsr_adamw_t *o);
+TSR_API void tsr_adamw_set_step(tsr_adamw_t *o, int64_t step);
+TSR_API int tsr_adamw_param_count(const tsr_adamw_t *o);
 /* The state of parameter i (owned by the optimizer; write into its local tensor to load). */
-tsr_dtensor *tsr_adamw_exp_avg(tsr_adamw_t *o, int i);
-tsr_dtensor *tsr_adamw_exp_avg_sq(tsr_adamw_t *o, int i);
+TSR_API tsr_dtensor *tsr_adamw_exp_avg(tsr_adamw_t *o, int i);
+TSR_API tsr_dtensor *tsr_adamw_exp_avg_sq(tsr_adamw_t *o, int i);
 
 /* ---- Gradient norm and clipping ---- */
 
@@ -61,14 +62,14 @@ tsr_dtensor *tsr_adamw_exp_avg_sq(tsr_adamw_t *o, int i);
  * omits a dim of `job_mesh` (pipeline stages: tsr_mesh_unbound_dim) hold different tensors
  * along it, so the squares are also summed over that dim of `job_mesh` (may be NULL). Collective
  * over every rank of the parameters' meshes, in the same order on every rank. */
-tsr_status tsr_grad_norm(tsr_rank_t *r, const tsr_mesh_t *job_mesh, int n, tsr_var *const *params,
-                         double *norm);
+TSR_API tsr_status tsr_grad_norm(tsr_rank_t *r, const tsr_mesh_t *job_mesh, int n,
+                                 tsr_var *const *params, double *norm);
 
 /* clip_grad_norm_(params, max_norm): computes the norm as tsr_grad_norm does, then scales every
  * gradient by tsr_kernel_clip_coef(norm, max_norm) when that is below 1. max_norm <= 0 disables
  * the scaling (the norm is still computed, for the log). *norm gets the norm before clipping. */
-tsr_status tsr_clip_grad_norm(tsr_rank_t *r, const tsr_mesh_t *job_mesh, int n,
-                              tsr_var *const *params, double max_norm, double *norm);
+TSR_API tsr_status tsr_clip_grad_norm(tsr_rank_t *r, const tsr_mesh_t *job_mesh, int n,
+                                      tsr_var *const *params, double max_norm, double *norm);
 
 /* ---- Learning-rate schedule ---- */
 
@@ -86,7 +87,7 @@ typedef struct tsr_lr_config {
  *   constant, step > W: lr
  *   cosine,   step > W: min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2, p = min(1, (step - W) / (T
  * - W)) Steps past T stay at min_lr. */
-double tsr_lr_at(const tsr_lr_config *c, int64_t step);
+TSR_API double tsr_lr_at(const tsr_lr_config *c, int64_t step);
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tessera/export.h"
 #include "tessera/config.h"
 #include "tessera/registry.h"
 #include "tessera/status.h"
@@ -164,7 +165,7 @@ typedef enum tsr_plugin_check {
   TSR_CHECK_REGISTER,  /* register_rules succeeds */
 } tsr_plugin_check;
 
-const char *tsr_plugin_check_name(tsr_plugin_check c); /* "open", "symbol", "major", ... */
+TSR_API const char *tsr_plugin_check_name(tsr_plugin_check c); /* "open", "symbol", "major", ... */
 
 /* What the loader found out about one plugin: for `tessera plugins` and for error reports. */
 typedef struct tsr_plugin_report {
@@ -183,7 +184,7 @@ typedef struct tsr_plugin_report {
 /* The folder of the libtessera this process loaded (resolved, no trailing '/'); false when it
  * cannot be told. Backends and kernel libraries installed beside the core are looked for there
  * first, so an install made with any --prefix (or moved) finds its own. */
-bool tsr_core_library_dir(char *out, size_t len);
+TSR_API bool tsr_core_library_dir(char *out, size_t len);
 
 /* Opens `file` (e.g. "libtessera-mpi.so"), a library of this tessera that the core or a loader
  * dlopens: from the absolute path in the environment variable `env` when it holds one, then
@@ -191,8 +192,8 @@ bool tsr_core_library_dir(char *out, size_t len);
  * (either may be NULL or ""); never the current directory. `flags` go to dlopen. Returns the
  * handle, or NULL with each path tried and why it failed appended to tried[tried_len]
  * ("\n  PATH: reason" each). */
-void *tsr_core_dlopen(const char *file, const char *env, const char *install_path,
-                      const char *build_path, int flags, char *tried, size_t tried_len);
+TSR_API void *tsr_core_dlopen(const char *file, const char *env, const char *install_path,
+                              const char *build_path, int flags, char *tried, size_t tried_len);
 
 /* The directories searched for plugins, in order: TESSERA_PLUGIN_PATH (':'-separated, absolute
  * entries only), then `extra` (the [plugins] path value, ':' or ',' separated, relative entries
@@ -200,18 +201,18 @@ void *tsr_core_dlopen(const char *file, const char *env, const char *install_pat
  * was loaded, so any install prefix works), then the build tree's plugin directory; a core loaded
  * from an install skips the build tree. The current directory is never searched. Writes at most
  * `cap` entries; returns the count. */
-int tsr_plugin_search_dirs(const char *extra, const char *base_dir, char (*dirs)[TSR_MAX_PATH],
-                           int cap);
+TSR_API int tsr_plugin_search_dirs(const char *extra, const char *base_dir,
+                                   char (*dirs)[TSR_MAX_PATH], int cap);
 
 /* Opens one plugin file and runs the per-file checks (open .. callbacks) without calling init.
  * `want` is the name the job asks for (NULL: the name in the file name). Fills `rep` either way;
  * the status is TSR_OK or TSR_EPLUGIN. The file is closed again. */
-tsr_status tsr_plugin_probe(const char *path, const char *want, tsr_plugin_report *rep);
+TSR_API tsr_status tsr_plugin_probe(const char *path, const char *want, tsr_plugin_report *rep);
 
 /* Every libtessera-*.so on the search path, probed, first occurrence of a name first; later
  * files with a name already seen are reported as shadowed. Caller frees *reports. */
-tsr_status tsr_plugin_discover(const char *extra, const char *base_dir, tsr_plugin_report **reports,
-                               int *n);
+TSR_API tsr_status tsr_plugin_discover(const char *extra, const char *base_dir,
+                                       tsr_plugin_report **reports, int *n);
 
 typedef struct tsr_plugin_set_t tsr_plugin_set_t; /* the plugins loaded for one job */
 
@@ -219,16 +220,17 @@ typedef struct tsr_plugin_set_t tsr_plugin_set_t; /* the plugins loaded for one 
  * register_rules into `reg`. On failure every plugin whose init ran is finalised (newest first)
  * and closed, the last error holds the failing plugin's message, and *out is a set that holds
  * the reports (so callers can list what failed) but no loaded plugin; free it as usual. */
-tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t **out);
+TSR_API tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg,
+                                       tsr_plugin_set_t **out);
 /* Runs fini for every initialised plugin, newest first, and closes them. NULL is a no-op. */
-void tsr_plugin_set_free(tsr_plugin_set_t *set);
+TSR_API void tsr_plugin_set_free(tsr_plugin_set_t *set);
 
-int tsr_plugin_set_count(const tsr_plugin_set_t *set);
-const tsr_plugin_report *tsr_plugin_set_report(const tsr_plugin_set_t *set, int i);
+TSR_API int tsr_plugin_set_count(const tsr_plugin_set_t *set);
+TSR_API const tsr_plugin_report *tsr_plugin_set_report(const tsr_plugin_set_t *set, int i);
 /* The descriptor of loaded plugin i, or NULL when it did not load. */
-const tsr_strategy *tsr_plugin_set_strategy(const tsr_plugin_set_t *set, int i);
+TSR_API const tsr_strategy *tsr_plugin_set_strategy(const tsr_plugin_set_t *set, int i);
 /* Name of the loaded plugin that owns mesh dim `dim` (alias-aware), or NULL. */
-const char *tsr_plugin_set_owner(const tsr_plugin_set_t *set, const char *dim);
+TSR_API const char *tsr_plugin_set_owner(const tsr_plugin_set_t *set, const char *dim);
 
 /* A job's configuration with its plugins loaded and their rules registered, as `tessera run`
  * prepares it before starting ranks: what tests, benchmarks and embedding programs start from. */
@@ -240,9 +242,10 @@ typedef struct tsr_plugin_job {
 
 /* Parses `text` (`name` stands in for the file name in messages) and loads its plugins. On
  * failure the last error says why and *out holds nothing to free. */
-tsr_status tsr_plugin_job_load_string(const char *text, const char *name, tsr_plugin_job *out);
+TSR_API tsr_status tsr_plugin_job_load_string(const char *text, const char *name,
+                                              tsr_plugin_job *out);
 /* Frees the registry before the plugins it points into, then the config. Idempotent. */
-void tsr_plugin_job_free(tsr_plugin_job *job);
+TSR_API void tsr_plugin_job_free(tsr_plugin_job *job);
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 
+#include "tessera/export.h"
 #include "tessera/autograd.h"
 #include "tessera/dtensor.h"
 #include "tessera/rank.h"
@@ -17,8 +18,8 @@
 extern "C" {
 #endif
 
-tsr_status tsr_registry_new(tsr_registry_t **out);
-void tsr_registry_free(tsr_registry_t *reg);
+TSR_API tsr_status tsr_registry_new(tsr_registry_t **out);
+TSR_API void tsr_registry_free(tsr_registry_t *reg);
 
 /* ---- Redistribute transitions ----
  * A transition replaces the core's step for one mesh dim changing from `src` to `dst`. The
@@ -35,9 +36,10 @@ typedef struct tsr_redistribute_rule {
 } tsr_redistribute_rule;
 
 /* Copies `rule` into the registry. TSR_EINVAL if a mandatory member is missing. */
-tsr_status tsr_registry_add_redistribute(tsr_registry_t *reg, const tsr_redistribute_rule *rule);
-int tsr_registry_redistribute_count(const tsr_registry_t *reg);
-const tsr_redistribute_rule *tsr_registry_redistribute_at(const tsr_registry_t *reg, int i);
+TSR_API tsr_status tsr_registry_add_redistribute(tsr_registry_t *reg,
+                                                 const tsr_redistribute_rule *rule);
+TSR_API int tsr_registry_redistribute_count(const tsr_registry_t *reg);
+TSR_API const tsr_redistribute_rule *tsr_registry_redistribute_at(const tsr_registry_t *reg, int i);
 
 /* ---- Op sharding rules ----
  * A rule says, for one op on one mesh dim, which input placements it accepts, what the local
@@ -101,14 +103,14 @@ typedef struct tsr_op_rule {
 
 /* Copies `rule` into the registry. TSR_EINVAL for a missing name or op, counts out of range, or a
  * rule with the same op, dim and inputs as one already registered (naming both). */
-tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule);
+TSR_API tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule);
 /* The rule for `op` on the mesh dim called `mesh_dim` with inputs placed as `inputs` (ninputs
  * entries), or NULL. */
-const tsr_op_rule *tsr_registry_find_op_rule(const tsr_registry_t *reg, const char *op,
-                                             const char *mesh_dim, int ninputs,
-                                             const tsr_placement *inputs);
-int tsr_registry_op_rule_count(const tsr_registry_t *reg);
-const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i);
+TSR_API const tsr_op_rule *tsr_registry_find_op_rule(const tsr_registry_t *reg, const char *op,
+                                                     const char *mesh_dim, int ninputs,
+                                                     const tsr_placement *inputs);
+TSR_API int tsr_registry_op_rule_count(const tsr_registry_t *reg);
+TSR_API const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i);
 
 /* ---- Module styles ----
  * For one module style ("column_linear", "row_linear", "embedding", "rmsnorm", "attention",
@@ -136,14 +138,15 @@ typedef struct tsr_module_style {
 
 /* Copies `style` into the registry. TSR_EINVAL for missing names, or when (style, dim) already
  * has a style: the message names both owners. */
-tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_style *style);
+TSR_API tsr_status tsr_registry_add_module_style(tsr_registry_t *reg,
+                                                 const tsr_module_style *style);
 /* The style registered for (style, mesh_dim), alias-aware on the dim name, or NULL. */
-const tsr_module_style *tsr_registry_find_module_style(const tsr_registry_t *reg, const char *style,
-                                                       const char *mesh_dim);
+TSR_API const tsr_module_style *
+tsr_registry_find_module_style(const tsr_registry_t *reg, const char *style, const char *mesh_dim);
 /* Placement of parameter `param` under `s`: Replicate when s is NULL or does not list it. */
-tsr_placement tsr_module_style_param(const tsr_module_style *s, const char *param);
-int tsr_registry_module_style_count(const tsr_registry_t *reg);
-const tsr_module_style *tsr_registry_module_style_at(const tsr_registry_t *reg, int i);
+TSR_API tsr_placement tsr_module_style_param(const tsr_module_style *s, const char *param);
+TSR_API int tsr_registry_module_style_count(const tsr_registry_t *reg);
+TSR_API const tsr_module_style *tsr_registry_module_style_at(const tsr_registry_t *reg, int i);
 
 /* ---- Pipeline schedules ----
  * A schedule turns (stages, microbatches, this stage) into the ordered list of actions that
@@ -180,11 +183,11 @@ typedef struct tsr_schedule {
 } tsr_schedule;
 
 /* Copies `sched` into the registry. TSR_EINVAL for a missing name or build, or a name taken. */
-tsr_status tsr_registry_add_schedule(tsr_registry_t *reg, const tsr_schedule *sched);
+TSR_API tsr_status tsr_registry_add_schedule(tsr_registry_t *reg, const tsr_schedule *sched);
 /* The schedule called `name`, or NULL. */
-const tsr_schedule *tsr_registry_find_schedule(const tsr_registry_t *reg, const char *name);
-int tsr_registry_schedule_count(const tsr_registry_t *reg);
-const tsr_schedule *tsr_registry_schedule_at(const tsr_registry_t *reg, int i);
+TSR_API const tsr_schedule *tsr_registry_find_schedule(const tsr_registry_t *reg, const char *name);
+TSR_API int tsr_registry_schedule_count(const tsr_registry_t *reg);
+TSR_API const tsr_schedule *tsr_registry_schedule_at(const tsr_registry_t *reg, int i);
 
 /* ---- Optimizer-step hooks ----
  * Hooks run on every rank around each optimizer step: before it (after gradients are final,
@@ -213,12 +216,12 @@ typedef struct tsr_optim_hook {
 } tsr_optim_hook;
 
 /* Copies `hook` into the registry. TSR_EINVAL for a missing name or fn. */
-tsr_status tsr_registry_add_optim_hook(tsr_registry_t *reg, const tsr_optim_hook *hook);
+TSR_API tsr_status tsr_registry_add_optim_hook(tsr_registry_t *reg, const tsr_optim_hook *hook);
 /* Runs every hook registered for `when`: before-step hooks in registration order, after-step
  * hooks in reverse (so that pairs nest). Stops at the first failure, prefixing the hook's name. */
-tsr_status tsr_registry_run_optim_hooks(const tsr_registry_t *reg, tsr_rank_t *r,
-                                        tsr_hook_when when, const tsr_optim_step *step);
-int tsr_registry_optim_hook_count(const tsr_registry_t *reg);
+TSR_API tsr_status tsr_registry_run_optim_hooks(const tsr_registry_t *reg, tsr_rank_t *r,
+                                                tsr_hook_when when, const tsr_optim_step *step);
+TSR_API int tsr_registry_optim_hook_count(const tsr_registry_t *reg);
 
 /* ---- Gradient hooks ----
  * Hooks that tsr_tape_backward runs on every rank while backward is running: `ready` for each
@@ -236,9 +239,9 @@ typedef struct tsr_grad_hook {
 } tsr_grad_hook;
 
 /* Copies `hook` into the registry. TSR_EINVAL for a missing name or ready. */
-tsr_status tsr_registry_add_grad_hook(tsr_registry_t *reg, const tsr_grad_hook *hook);
-int tsr_registry_grad_hook_count(const tsr_registry_t *reg);
-const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i);
+TSR_API tsr_status tsr_registry_add_grad_hook(tsr_registry_t *reg, const tsr_grad_hook *hook);
+TSR_API int tsr_registry_grad_hook_count(const tsr_registry_t *reg);
+TSR_API const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i);
 
 #ifdef __cplusplus
 }

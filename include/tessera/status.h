@@ -12,6 +12,8 @@
 
 #include <stdarg.h>
 
+#include "tessera/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,32 +31,33 @@ typedef enum tsr_status {
 } tsr_status;
 
 /* Short name of a status, e.g. "EINVAL". Never NULL. */
-const char *tsr_status_name(tsr_status s);
+TSR_API const char *tsr_status_name(tsr_status s);
 
 /* The message left by the last failing call on this thread (this rank), or "" if none. */
-const char *tsr_last_error(void);
+TSR_API const char *tsr_last_error(void);
 
 /* Clears this thread's last-error message. */
-void tsr_clear_error(void);
+TSR_API void tsr_clear_error(void);
 
 /* Records a formatted message as this thread's last error and returns `s`, so that error paths
  * read `return tsr_error(TSR_EINVAL, "...", ...)`. The message is prefixed with file:line when
  * called through TSR_ERROR. */
-tsr_status tsr_error(tsr_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-tsr_status tsr_error_at(tsr_status s, const char *file, int line, const char *fmt, ...)
+TSR_API tsr_status tsr_error(tsr_status s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+TSR_API tsr_status tsr_error_at(tsr_status s, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* Prepends "prefix: " to this thread's last error (used when a lower layer's message needs the
  * caller's context, e.g. the rank id or the tensor name). Returns `s`. */
-tsr_status tsr_error_prefix(tsr_status s, const char *fmt, ...)
+TSR_API tsr_status tsr_error_prefix(tsr_status s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* Invariant handler: called with the failing expression and location. The default prints to
  * stderr and aborts; a replacement may longjmp or record and return (the macro then returns
  * TSR_EINTERNAL from the enclosing function). */
 typedef void (*tsr_invariant_handler)(const char *expr, const char *file, int line);
-tsr_invariant_handler tsr_set_invariant_handler(tsr_invariant_handler h);
-void tsr_invariant_failed(const char *expr, const char *file, int line);
+TSR_API tsr_invariant_handler tsr_set_invariant_handler(tsr_invariant_handler h);
+TSR_API void tsr_invariant_failed(const char *expr, const char *file, int line);
 
 #define TSR_ERROR(s, ...) tsr_error_at((s), __FILE__, __LINE__, __VA_ARGS__)
 

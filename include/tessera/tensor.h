@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tessera/export.h"
 #include "tessera/status.h"
 
 #ifdef __cplusplus
@@ -28,15 +29,16 @@ typedef enum tsr_dtype {
   TSR_DTYPE_COUNT
 } tsr_dtype;
 
-size_t tsr_dtype_size(tsr_dtype dt);
-const char *tsr_dtype_name(tsr_dtype dt); /* "f32", "bf16", ... ; "?" for an invalid value */
+TSR_API size_t tsr_dtype_size(tsr_dtype dt);
+TSR_API const char *
+tsr_dtype_name(tsr_dtype dt); /* "f32", "bf16", ... ; "?" for an invalid value */
 
 /* Scalar conversions. bf16 and f16 are stored as uint16_t bit patterns; the conversions from
  * f32 round to nearest even, as PyTorch does. */
-float tsr_bf16_to_f32(uint16_t h);
-uint16_t tsr_f32_to_bf16(float f);
-float tsr_f16_to_f32(uint16_t h);
-uint16_t tsr_f32_to_f16(float f);
+TSR_API float tsr_bf16_to_f32(uint16_t h);
+TSR_API uint16_t tsr_f32_to_bf16(float f);
+TSR_API float tsr_f16_to_f32(uint16_t h);
+TSR_API uint16_t tsr_f32_to_f16(float f);
 
 /* TSR_DEVICE_EMU is a device emulated on the CPU for testing device code without a GPU: its
  * memory is host memory behind pointers the host cannot dereference (a touch from host code
@@ -49,7 +51,7 @@ typedef enum tsr_device_kind {
   TSR_DEVICE_EMU = 2
 } tsr_device_kind;
 
-const char *tsr_device_name(tsr_device_kind kind); /* "cpu", "cuda", "emu"; "?" otherwise */
+TSR_API const char *tsr_device_name(tsr_device_kind kind); /* "cpu", "cuda", "emu"; "?" otherwise */
 
 typedef struct tsr_device {
   tsr_device_kind kind;
@@ -70,10 +72,10 @@ typedef struct tsr_allocator {
 
 /* Initialises `a` as a CPU allocator (aligned malloc). Each rank should own one, so that its
  * counters measure that rank's memory. */
-void tsr_allocator_init_cpu(tsr_allocator *a);
-void *tsr_allocator_alloc(tsr_allocator *a, size_t bytes);
-void tsr_allocator_free(tsr_allocator *a, void *ptr, size_t bytes);
-void tsr_allocator_reset_peak(tsr_allocator *a);
+TSR_API void tsr_allocator_init_cpu(tsr_allocator *a);
+TSR_API void *tsr_allocator_alloc(tsr_allocator *a, size_t bytes);
+TSR_API void tsr_allocator_free(tsr_allocator *a, void *ptr, size_t bytes);
+TSR_API void tsr_allocator_reset_peak(tsr_allocator *a);
 
 /* Shared, reference-counted buffer. Opaque to users; tensors point at it. */
 typedef struct tsr_storage tsr_storage;
@@ -88,57 +90,57 @@ typedef struct tsr_tensor {
 } tsr_tensor;
 
 /* A new zero-filled contiguous tensor. `alloc` may be NULL for the process's CPU allocator. */
-tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim, const int64_t *shape,
-                          tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim,
+                                  const int64_t *shape, tsr_tensor **out);
 /* A new contiguous tensor holding a copy of `src` (any strides). */
-tsr_status tsr_tensor_clone(const tsr_tensor *src, tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_clone(const tsr_tensor *src, tsr_tensor **out);
 /* Releases the view and, with the last view, the storage. NULL is a no-op. */
-void tsr_tensor_free(tsr_tensor *t);
+TSR_API void tsr_tensor_free(tsr_tensor *t);
 
-int64_t tsr_tensor_numel(const tsr_tensor *t);
-size_t tsr_tensor_nbytes(const tsr_tensor *t); /* numel * dtype size */
-bool tsr_tensor_is_contiguous(const tsr_tensor *t);
+TSR_API int64_t tsr_tensor_numel(const tsr_tensor *t);
+TSR_API size_t tsr_tensor_nbytes(const tsr_tensor *t); /* numel * dtype size */
+TSR_API bool tsr_tensor_is_contiguous(const tsr_tensor *t);
 /* Pointer to the first element of the view (storage base + offset). */
-void *tsr_tensor_data(const tsr_tensor *t);
-tsr_device tsr_tensor_device(const tsr_tensor *t);
+TSR_API void *tsr_tensor_data(const tsr_tensor *t);
+TSR_API tsr_device tsr_tensor_device(const tsr_tensor *t);
 /* "[2, 3, 4]" into buf (always terminated). Returns buf. */
-const char *tsr_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
+TSR_API const char *tsr_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
 
 /* Views sharing storage. */
-tsr_status tsr_tensor_narrow(const tsr_tensor *t, int dim, int64_t start, int64_t len,
-                             tsr_tensor **out);
-tsr_status tsr_tensor_permute(const tsr_tensor *t, const int *perm, tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_narrow(const tsr_tensor *t, int dim, int64_t start, int64_t len,
+                                     tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_permute(const tsr_tensor *t, const int *perm, tsr_tensor **out);
 /* A view with a new shape; `t` must be contiguous (else TSR_EINVAL: clone first). One entry of
  * `shape` may be -1 and is inferred. */
-tsr_status tsr_tensor_reshape(const tsr_tensor *t, int ndim, const int64_t *shape,
-                              tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_reshape(const tsr_tensor *t, int ndim, const int64_t *shape,
+                                      tsr_tensor **out);
 
 /* Element-wise copy between tensors of the same shape and dtype, any strides, on any devices
  * (host to device, device to host, within a device). */
-tsr_status tsr_tensor_copy(tsr_tensor *dst, const tsr_tensor *src);
+TSR_API tsr_status tsr_tensor_copy(tsr_tensor *dst, const tsr_tensor *src);
 /* A new contiguous copy of `src` in `alloc`'s memory (NULL: the process's CPU allocator), on
  * whatever device either lives: how data enters and leaves a device. */
-tsr_status tsr_tensor_to(const tsr_tensor *src, tsr_allocator *alloc, tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_to(const tsr_tensor *src, tsr_allocator *alloc, tsr_tensor **out);
 /* A contiguous host copy of `src` converted to `dt` (through f64 for integers, f32 for floats). */
-tsr_status tsr_tensor_cast(const tsr_tensor *src, tsr_dtype dt, tsr_tensor **out);
+TSR_API tsr_status tsr_tensor_cast(const tsr_tensor *src, tsr_dtype dt, tsr_tensor **out);
 /* Concatenates `n` tensors along `dim` into a new contiguous tensor. */
-tsr_status tsr_tensor_cat(tsr_tensor *const *parts, int n, int dim, tsr_tensor **out);
-void tsr_tensor_zero(tsr_tensor *t);
+TSR_API tsr_status tsr_tensor_cat(tsr_tensor *const *parts, int n, int dim, tsr_tensor **out);
+TSR_API void tsr_tensor_zero(tsr_tensor *t);
 /* x *= s for a contiguous f32 tensor, on its device. */
-tsr_status tsr_tensor_scale(tsr_tensor *t, float s);
+TSR_API tsr_status tsr_tensor_scale(tsr_tensor *t, float s);
 
 /* TSR_OK when tensors can live on `dev` in this process; otherwise TSR_ENOTSUP saying why (this
  * build has no CUDA, the CUDA library cannot be opened, the machine has no device). */
-tsr_status tsr_device_check(tsr_device dev);
+TSR_API tsr_status tsr_device_check(tsr_device dev);
 
 /* Element access for tests and I/O, with the value widened to double. `idx` has ndim entries.
  * On a device tensor each call is one transfer: fine for tests, not for loops over data. */
-double tsr_tensor_get(const tsr_tensor *t, const int64_t *idx);
-void tsr_tensor_set(tsr_tensor *t, const int64_t *idx, double v);
+TSR_API double tsr_tensor_get(const tsr_tensor *t, const int64_t *idx);
+TSR_API void tsr_tensor_set(tsr_tensor *t, const int64_t *idx, double v);
 /* Fills with (flat index * scale + bias), cast to the dtype: exact integer test data. */
-void tsr_tensor_fill_arange(tsr_tensor *t, double scale, double bias);
+TSR_API void tsr_tensor_fill_arange(tsr_tensor *t, double scale, double bias);
 /* True when shapes, dtypes and every element are equal (NaNs are unequal). */
-bool tsr_tensor_equal(const tsr_tensor *a, const tsr_tensor *b);
+TSR_API bool tsr_tensor_equal(const tsr_tensor *a, const tsr_tensor *b);
 
 #ifdef __cplusplus
 }
