@@ -1,7 +1,6 @@
-/* `tessera plan`, and the job loading that `plan` and `run` share. */
+/* `tessera plan`: the job checked and described, nothing run. */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "app.h"
 #include "train.h"
@@ -9,40 +8,9 @@
 #include "tessera/comm.h"
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
-#include "tessera_mpi.h"
 
 /* Beyond this many ranks the plan prints the first and last few: the pattern is the point. */
 #define PLAN_MAX_RANKS 32
-
-tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets, tsr_app_job *job) {
-  memset(job, 0, sizeof *job);
-  tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_config_load(path, &job->cfg), st);
-  for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
-  TSR_CHECK_GOTO(tsr_config_check_sets(job->cfg), st);
-  TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
-  TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
-  const tsr_config *c = job->cfg;
-  const char *names[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < c->mesh.ndim; i++) names[i] = c->mesh.names[i];
-  TSR_CHECK_GOTO(tsr_mesh_init((int)c->mesh.world, c->mesh.ndim, c->mesh.shape, names, &job->mesh),
-                 st);
-  return TSR_OK;
-cleanup:
-  /* Under mpirun every rank reads the same job: rank 0 alone reports what is wrong with it. */
-  if (tsr_mpi_env_rank() <= 0) fprintf(stderr, "%s\n", tsr_last_error());
-  tsr_app_job_close(job);
-  return st;
-}
-
-void tsr_app_job_close(tsr_app_job *job) {
-  tsr_mesh_free(job->mesh);
-  /* The registry holds pointers into the plugins: it goes before they are closed. */
-  tsr_registry_free(job->reg);
-  tsr_plugin_set_free(job->plugins);
-  tsr_config_free(job->cfg);
-  memset(job, 0, sizeof *job);
-}
 
 static void print_rank(const tsr_app_job *job, int rank, FILE *f) {
   int coords[TSR_MAX_MESH_DIMS];
