@@ -7,9 +7,16 @@
 #include "tessera/kernels.h"
 #include "train.h"
 
-/* [strategy.OWNER] `key` of the plugin that owns pp, defaults applied; NULL when none does. */
+/* The mesh dim the pipeline stages are on, as its owner declared it; "" when none did. */
+static const char *stage_dim(const tsr_app_job *job) {
+  const char *d = tsr_registry_stage_dim(job->reg);
+  return d ? d : "";
+}
+
+/* [strategy.OWNER] `key` of the plugin that owns the stage dim, defaults applied; NULL when none
+ * does. */
 static const char *owner_key(const tsr_app_job *job, const char *key) {
-  const char *owner = tsr_plugin_set_owner(job->plugins, "pp");
+  const char *owner = tsr_plugin_set_owner(job->plugins, stage_dim(job));
   if (!owner) return NULL;
   for (int i = 0; i < tsr_plugin_set_count(job->plugins); i++) {
     const tsr_strategy *s = tsr_plugin_set_strategy(job->plugins, i);
@@ -21,14 +28,15 @@ static const char *owner_key(const tsr_app_job *job, const char *key) {
 static tsr_status find_pipe(const tsr_app_job *job, const tsr_schedule **sched, int *mb) {
   *sched = NULL;
   *mb = 1;
-  if (tsr_mesh_size_of(job->mesh, "pp") <= 1) return TSR_OK;
+  const char *dim = stage_dim(job);
+  if (tsr_mesh_size_of(job->mesh, dim) <= 1) return TSR_OK;
   const char *name = owner_key(job, "schedule"), *m = owner_key(job, "microbatches");
-  const char *owner = tsr_plugin_set_owner(job->plugins, "pp");
+  const char *owner = tsr_plugin_set_owner(job->plugins, dim);
   if (!name || !m)
     return tsr_error(TSR_EINVAL,
-                     "mesh dim pp has %d stages but its owner (%s) declares no "
+                     "mesh dim %s has %d stages but its owner (%s) declares no "
                      "'schedule' and 'microbatches' keys to run them with",
-                     tsr_mesh_size_of(job->mesh, "pp"), owner ? owner : "none");
+                     dim, tsr_mesh_size_of(job->mesh, dim), owner ? owner : "none");
   *sched = tsr_registry_find_schedule(job->reg, name);
   if (!*sched)
     return tsr_error(TSR_EINVAL,
@@ -161,7 +169,7 @@ void tsr_train_pipe_print_plan(const tsr_app_job *job, FILE *f) {
     for (int i = 0; i < n; i++) fprintf(f, " %d", counts[i]);
     fprintf(f, "\n");
   }
-  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, "pp"), spr > 1 ? spr : 1, mb, f);
+  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, stage_dim(job)), spr > 1 ? spr : 1, mb, f);
 }
 
 static const char *kind_name(int kind) {

@@ -1,9 +1,12 @@
 /* The per-rank context. */
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "comm_impl.h"
 #include "kernel_table.h"
 #include "tessera/rank.h"
+#include "tessera/registry.h"
 
 struct tsr_rank_t {
   tsr_comm_t *comm;               /* borrowed */
@@ -11,6 +14,10 @@ struct tsr_rank_t {
   tsr_allocator alloc;            /* this rank's memory, counted */
   const tsr_kernel_table *device; /* the table whose allocator_init made alloc */
   tsr_dtype matmul_dtype;         /* TSR_F32 or TSR_BF16 */
+  /* (nstates) plugins' per-rank states by registry index (tsr_rank_state), NULL until made */
+  void **states;
+  bool *made;
+  int nstates;
 };
 
 tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_rank_t **out) {
@@ -61,8 +68,45 @@ tsr_dtype tsr_rank_matmul_dtype(const tsr_rank_t *r) {
   return r->matmul_dtype;
 }
 
+tsr_status tsr_rank_state(tsr_rank_t *r, const char *name, void **out) {
+  *out = NULL;
+  int n = tsr_registry_rank_state_count(r->registry), i = 0;
+  while (i < n && strcmp(tsr_registry_rank_state_at(r->registry, i)->name, name)) i++;
+  if (i == n)
+    return TSR_ERROR(TSR_EINVAL,
+                     "rank %d: no rank state '%s' is registered; register it with "
+                     "tsr_registry_add_rank_state in register_rules",
+                     tsr_rank_id(r), name ? name : "(null)");
+  if (!r->states) {
+    r->states = calloc((size_t)n, sizeof *r->states);
+    r->made = calloc((size_t)n, sizeof *r->made);
+    if (!r->states || !r->made) {
+      free(r->states), free(r->made);
+      r->states = NULL, r->made = NULL;
+      return TSR_ERROR(TSR_ENOMEM, "rank %d: out of memory for plugin states", tsr_rank_id(r));
+    }
+    r->nstates = n;
+  }
+  if (!r->made[i]) {
+    const tsr_rank_state_spec *spec = tsr_registry_rank_state_at(r->registry, i);
+    tsr_status st = spec->setup(r, spec->ctx, &r->states[i]);
+    if (st != TSR_OK)
+      return tsr_error_prefix(st, "rank %d: setup of rank state '%s'", tsr_rank_id(r), name);
+    r->made[i] = true;
+  }
+  *out = r->states[i];
+  return TSR_OK;
+}
+
 void tsr_rank_free(tsr_rank_t *r) {
   if (!r) return;
+  /* plugins' states hold tensors of this rank's allocator: newest registration first */
+  for (int i = r->nstates - 1; i >= 0; i--) {
+    const tsr_rank_state_spec *spec = tsr_registry_rank_state_at(r->registry, i);
+    if (r->made[i] && spec->teardown) spec->teardown(r, r->states[i], spec->ctx);
+  }
+  free(r->states);
+  free(r->made);
   /* the backend's device scratch is this allocator's: it goes first */
   tsr_comm_set_device_allocator(r->comm, NULL);
   r->device->allocator_release(&r->alloc);

@@ -7,6 +7,7 @@
 
 #include "registry_impl.h"
 #include "tessera/mesh.h"
+#include "vocab_impl.h"
 
 typedef struct rule_tables {
   tsr_vec ops;        /* tsr_op_rule */
@@ -14,6 +15,8 @@ typedef struct rule_tables {
   tsr_vec scheds;     /* tsr_schedule */
   tsr_vec hooks;      /* tsr_optim_hook */
   tsr_vec grad_hooks; /* tsr_grad_hook */
+  tsr_vec rank_states; /* tsr_rank_state_spec */
+  const char *stage_dim, *stage_owner; /* tsr_registry_set_stage_dim; NULL until set */
 } rule_tables;
 
 static tsr_status tables_of(tsr_registry_t *reg, rule_tables **out) {
@@ -50,6 +53,7 @@ void tsr_registry_rules_free(tsr_registry_t *reg) {
   tsr_vec_free(&t->scheds);
   tsr_vec_free(&t->hooks);
   tsr_vec_free(&t->grad_hooks);
+  tsr_vec_free(&t->rank_states);
   free(t);
   reg->rules = NULL;
 }
@@ -83,6 +87,24 @@ tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule
   if (!rule || !rule->name || !rule->op)
     return TSR_ERROR(TSR_EINVAL, "op rule '%s' needs a name and an op",
                      rule && rule->name ? rule->name : "(unnamed)");
+  const tsr_vocab_op *op = tsr_vocab_find_op(rule->op);
+  char names[256];
+  if (!op)
+    return TSR_ERROR(TSR_EINVAL,
+                     "op rule '%s' is for op '%s', which the model never calls; the ops with "
+                     "sharding rules are: %s",
+                     rule->name, rule->op, tsr_vocab_join(tsr_op_names(), names, sizeof names));
+  if (rule->ninputs != op->ninputs)
+    return TSR_ERROR(TSR_EINVAL,
+                     "op rule '%s': %s takes %d inputs (%s) but the rule has ninputs = %d; "
+                     "give one placement per input",
+                     rule->name, op->name, op->ninputs, op->inputs, rule->ninputs);
+  if (rule->use_mask & ~op->params)
+    return TSR_ERROR(TSR_EINVAL,
+                     "op rule '%s' gathers inputs (use_mask 0x%x) of %s (%s) that are not "
+                     "parameters; use_mask may only mark the weight of embedding, rmsnorm or "
+                     "linear (bit 1): activations are redistributed by module styles",
+                     rule->name, rule->use_mask, op->name, op->inputs);
   if (rule->ninputs < 1 || rule->ninputs > TSR_MAX_OP_INPUTS || rule->noutputs < 1 ||
       rule->noutputs > TSR_MAX_OP_OUTPUTS)
     return TSR_ERROR(TSR_EINVAL, "op rule '%s': %d inputs and %d outputs; allowed 1..%d and 1..%d",
@@ -151,10 +173,24 @@ tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_s
   if (style->nparams < 0 || style->nparams > TSR_MAX_STYLE_PARAMS)
     return TSR_ERROR(TSR_EINVAL, "module style %s on %s: %d parameters; at most %d", style->style,
                      style->mesh_dim, style->nparams, TSR_MAX_STYLE_PARAMS);
-  for (int i = 0; i < style->nparams; i++)
+  if (!tsr_vocab_has_style(style->style)) {
+    char names[256];
+    return TSR_ERROR(TSR_EINVAL,
+                     "module style '%s' on dim %s (by %s) is not a module the model has; the "
+                     "module styles are: %s",
+                     style->style, style->mesh_dim, style->owner ? style->owner : "(unknown)",
+                     tsr_vocab_join(tsr_module_style_names(), names, sizeof names));
+  }
+  for (int i = 0; i < style->nparams; i++) {
     if (!style->params[i].name)
       return TSR_ERROR(TSR_EINVAL, "module style %s on %s: parameter %d has no name", style->style,
                        style->mesh_dim, i);
+    if (strcmp(style->params[i].name, "weight"))
+      return TSR_ERROR(TSR_EINVAL,
+                       "module style %s on %s: the module has no parameter '%s'; its one "
+                       "parameter is 'weight'",
+                       style->style, style->mesh_dim, style->params[i].name);
+  }
   const tsr_module_style *old = tsr_registry_find_module_style(reg, style->style, style->mesh_dim);
   if (old)
     return TSR_ERROR(TSR_EINVAL,
@@ -165,6 +201,26 @@ tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_s
   rule_tables *t = NULL;
   TSR_CHECK(tables_of(reg, &t));
   return tsr_vec_push(&t->styles, style, sizeof *style);
+}
+
+tsr_status tsr_registry_add_data_split(tsr_registry_t *reg, const char *owner,
+                                      const char *mesh_dim, tsr_placement split) {
+  if (split.kind != TSR_SHARD || (split.dim != 0 && split.dim != 1)) {
+    char one[32];
+    return TSR_ERROR(TSR_EINVAL,
+                     "%s: data split %s on dim %s; the data splits by Shard(0) (the batch) or "
+                     "Shard(1) (the sequence)",
+                     owner ? owner : "(unknown)", tsr_placement_str(split, one, sizeof one),
+                     mesh_dim ? mesh_dim : "(none)");
+  }
+  tsr_module_style style = {.style = TSR_STYLE_EMBEDDING,
+                            .mesh_dim = mesh_dim,
+                            .owner = owner,
+                            .nparams = 1,
+                            .params = {{"weight", tsr_replicate()}},
+                            .input = split,
+                            .output = split};
+  return tsr_registry_add_module_style(reg, &style);
 }
 
 const tsr_module_style *tsr_registry_find_module_style(const tsr_registry_t *reg, const char *style,
@@ -278,4 +334,52 @@ int tsr_registry_grad_hook_count(const tsr_registry_t *reg) {
 
 const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i) {
   return vec_at(reg, offsetof(rule_tables, grad_hooks), i, sizeof(tsr_grad_hook));
+}
+
+/* ---- Pipeline stages ---- */
+
+tsr_status tsr_registry_set_stage_dim(tsr_registry_t *reg, const char *owner,
+                                      const char *mesh_dim) {
+  if (!mesh_dim || !mesh_dim[0])
+    return TSR_ERROR(TSR_EINVAL, "%s: the pipeline stage dim needs a mesh dim name",
+                     owner ? owner : "(unknown)");
+  rule_tables *t = NULL;
+  TSR_CHECK(tables_of(reg, &t));
+  if (t->stage_dim && !same_dim(t->stage_dim, mesh_dim))
+    return TSR_ERROR(TSR_EINVAL,
+                     "%s declares mesh dim '%s' the pipeline stage dim, but %s declared '%s'; a "
+                     "model is split into stages over one dim",
+                     owner ? owner : "(unknown)", mesh_dim,
+                     t->stage_owner ? t->stage_owner : "(unknown)", t->stage_dim);
+  t->stage_dim = mesh_dim;
+  t->stage_owner = owner;
+  return TSR_OK;
+}
+
+const char *tsr_registry_stage_dim(const tsr_registry_t *reg) {
+  const rule_tables *t = reg ? reg->rules : NULL;
+  return t ? t->stage_dim : NULL;
+}
+
+/* ---- Per-rank state ---- */
+
+tsr_status tsr_registry_add_rank_state(tsr_registry_t *reg, const tsr_rank_state_spec *spec) {
+  if (!spec || !spec->name || !spec->setup)
+    return TSR_ERROR(TSR_EINVAL, "rank state '%s' needs a name and a setup function",
+                     spec && spec->name ? spec->name : "(unnamed)");
+  rule_tables *t = NULL;
+  TSR_CHECK(tables_of(reg, &t));
+  for (int i = 0; i < t->rank_states.count; i++)
+    if (!strcmp(((const tsr_rank_state_spec *)t->rank_states.items)[i].name, spec->name))
+      return TSR_ERROR(TSR_EINVAL, "rank state '%s' is registered twice; give each a unique name",
+                       spec->name);
+  return tsr_vec_push(&t->rank_states, spec, sizeof *spec);
+}
+
+int tsr_registry_rank_state_count(const tsr_registry_t *reg) {
+  return vec_count(reg, offsetof(rule_tables, rank_states));
+}
+
+const tsr_rank_state_spec *tsr_registry_rank_state_at(const tsr_registry_t *reg, int i) {
+  return vec_at(reg, offsetof(rule_tables, rank_states), i, sizeof(tsr_rank_state_spec));
 }

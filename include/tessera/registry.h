@@ -41,10 +41,38 @@ TSR_API tsr_status tsr_registry_add_redistribute(tsr_registry_t *reg,
 TSR_API int tsr_registry_redistribute_count(const tsr_registry_t *reg);
 TSR_API const tsr_redistribute_rule *tsr_registry_redistribute_at(const tsr_registry_t *reg, int i);
 
+/* ---- The vocabulary ----
+ * The ops the model runs through sharding rules and the module styles it applies: the only names
+ * a rule's `op` and a style's `style` may hold. A registration naming anything else is refused
+ * with TSR_EINVAL and a message listing these, since nothing would ever consult it. */
+#define TSR_OP_EMBEDDING     "embedding"     /* (ids (B, L) i32, weight (V, C)) -> (B, L, C) */
+#define TSR_OP_RMSNORM       "rmsnorm"       /* (x (.., C), weight (C)) -> (.., C) */
+#define TSR_OP_LINEAR        "linear"        /* (x (.., C), weight (OC, C)) -> (.., OC) */
+#define TSR_OP_ROPE          "rope"          /* (x (B, L, H, D)) -> (B, L, H, D) */
+#define TSR_OP_SDPA          "sdpa"          /* (q (B, L, Hq, D), k, v (B, L, Hkv, D)) -> q's */
+#define TSR_OP_ADD           "add"           /* (a, b) -> a + b */
+#define TSR_OP_SWIGLU        "swiglu"        /* (gate, up) -> silu(gate) * up */
+#define TSR_OP_CROSS_ENTROPY "cross_entropy" /* (logits (B, L, V), labels (B, L) i32) -> () */
+
+/* The Llama model's modules. "embedding" also lays out the model's data on each dim: its `input`
+ * is the placement of the token ids and of the labels (B, L), its `output` that of the hidden
+ * states (B, L, C), which is what they keep where they cross pipeline stages. A dim that shards
+ * the batch declares input = output = Shard(0); one that shards the sequence, Shard(1). */
+#define TSR_STYLE_EMBEDDING     "embedding"     /* embed_tokens, and the data layout */
+#define TSR_STYLE_COLUMN_LINEAR "column_linear" /* q_proj, gate_proj, up_proj, lm_head */
+#define TSR_STYLE_KV_LINEAR     "kv_linear"     /* k_proj, v_proj; column_linear where unset */
+#define TSR_STYLE_ROW_LINEAR    "row_linear"    /* o_proj, down_proj */
+#define TSR_STYLE_RMSNORM       "rmsnorm"       /* the norms */
+
+/* The op names above, NULL-terminated. */
+TSR_API const char *const *tsr_op_names(void);
+/* The module style names above, NULL-terminated. */
+TSR_API const char *const *tsr_module_style_names(void);
+
 /* ---- Op sharding rules ----
  * A rule says, for one op on one mesh dim, which input placements it accepts, what the local
- * computation is and what placements the outputs get, e.g. matmul on tp: S(0)·R -> S(0),
- * R·S(1) -> S(1), S(1)·S(0) -> P(sum). Lookup is by (op, mesh dim, input placements); newer
+ * computation is and what placements the outputs get, e.g. linear on tp (x, weight (OC, C)):
+ * R·S(0) -> S(-1) (column-parallel), S(-1)·S(1) -> P(sum) (row-parallel). Lookup is by (op, mesh dim, input placements); newer
  * registrations win, and a rule for a named dim wins over one for any dim. No rule is an error
  * for the caller to report (naming the op, the dim and the placements), never a silent gather. */
 #define TSR_MAX_OP_INPUTS  4
@@ -101,8 +129,11 @@ typedef struct tsr_op_rule {
   tsr_placement use[TSR_MAX_OP_INPUTS];
 } tsr_op_rule;
 
-/* Copies `rule` into the registry. TSR_EINVAL for a missing name or op, counts out of range, or a
- * rule with the same op, dim and inputs as one already registered (naming both). */
+/* Copies `rule` into the registry. TSR_EINVAL, with the fix, for: a missing name or op; an op not
+ * in the vocabulary (the message lists tsr_op_names); ninputs other than the op's; counts out of
+ * range; a use_mask bit on an input that is not a parameter of the op (only embedding, rmsnorm
+ * and linear take one, their weight); a rule with the same op, dim and inputs as one already
+ * registered (naming both). */
 TSR_API tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule);
 /* The rule for `op` on the mesh dim called `mesh_dim` with inputs placed as `inputs` (ninputs
  * entries), or NULL. */
@@ -113,16 +144,18 @@ TSR_API int tsr_registry_op_rule_count(const tsr_registry_t *reg);
 TSR_API const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i);
 
 /* ---- Module styles ----
- * For one module style ("column_linear", "row_linear", "embedding", "rmsnorm", "attention",
- * "mlp") on one mesh dim, the strategy that owns the dim decides the placements of the module's
- * parameters and of its input and output activations on that dim. A dim with no style for a
- * module is dense and replicated there (tsr_module_style_param returns Replicate). The Llama
+ * For one module style (tsr_module_style_names) on one mesh dim, the strategy that owns the dim
+ * decides the placements of the module's parameters and of its input and output activations on
+ * that dim: every module with the style has its input redistributed to `input` on entry and its
+ * output to `output` on exit (the embedding's input is the token ids). A dim with no style for a
+ * module is dense there (tsr_module_style_param returns Replicate) and its activations keep
+ * their placement; the embedding style is also the data layout (see TSR_STYLE_EMBEDDING). The Llama
  * model places k_proj and v_proj by "kv_linear" where a strategy registered it on the dim, and by
  * "column_linear" elsewhere (tensor parallelism keeps them whole when tp > kv heads). */
 #define TSR_MAX_STYLE_PARAMS 4
 
 typedef struct tsr_style_param {
-  const char *name;        /* parameter name within the module: "weight", "bias" */
+  const char *name;        /* parameter name within the module: "weight" (Llama has no bias) */
   tsr_placement placement; /* its placement on the dim */
 } tsr_style_param;
 
@@ -136,10 +169,21 @@ typedef struct tsr_module_style {
   tsr_placement output; /* what its output is redistributed to on exit */
 } tsr_module_style;
 
-/* Copies `style` into the registry. TSR_EINVAL for missing names, or when (style, dim) already
- * has a style: the message names both owners. */
+/* Copies `style` into the registry. TSR_EINVAL, with the fix, for missing names, a style not in
+ * the vocabulary (the message lists tsr_module_style_names), a parameter the module does not have
+ * (each has one, "weight"), or when (style, dim) already has a style: the message names both
+ * owners. */
 TSR_API tsr_status tsr_registry_add_module_style(tsr_registry_t *reg,
                                                  const tsr_module_style *style);
+/* Declares how mesh dim `mesh_dim` splits the model's data: `split` = Shard(0) splits the batch,
+ * Shard(1) the sequence. It registers the embedding style for the dim (a replicated weight,
+ * input = output = split), so it cannot be combined with another embedding style on the dim. It
+ * is all a strategy that only splits the data needs: the core's generic rules run each op on its
+ * shard, the loss weighs every shard by its valid tokens over the dims that split the labels,
+ * and resolving the replicated weights' Partial gradients is the gradient all-reduce. Attention
+ * over a split sequence still needs a rule for sdpa on the dim. TSR_EINVAL for another split. */
+TSR_API tsr_status tsr_registry_add_data_split(tsr_registry_t *reg, const char *owner,
+                                               const char *mesh_dim, tsr_placement split);
 /* The style registered for (style, mesh_dim), alias-aware on the dim name, or NULL. */
 TSR_API const tsr_module_style *
 tsr_registry_find_module_style(const tsr_registry_t *reg, const char *style, const char *mesh_dim);
@@ -242,6 +286,40 @@ typedef struct tsr_grad_hook {
 TSR_API tsr_status tsr_registry_add_grad_hook(tsr_registry_t *reg, const tsr_grad_hook *hook);
 TSR_API int tsr_registry_grad_hook_count(const tsr_registry_t *reg);
 TSR_API const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i);
+
+/* ---- Pipeline stages ----
+ * The mesh dim over which the model's layers are split into stages (the model unbinds it), as
+ * the strategy that owns the dim declares it; without one the model runs as one stage. */
+
+/* TSR_EINVAL when another dim was declared already (naming both owners). */
+TSR_API tsr_status tsr_registry_set_stage_dim(tsr_registry_t *reg, const char *owner,
+                                              const char *mesh_dim);
+/* The declared stage dim, or NULL. */
+TSR_API const char *tsr_registry_stage_dim(const tsr_registry_t *reg);
+
+/* ---- Per-rank state ----
+ * State a plugin keeps per rank for the whole job (buffers, shards of optimizer state, scratch)
+ * belongs to the rank: made from its allocator, on its device, and counted in its memory.
+ * `setup` runs on the rank's thread the first time tsr_rank_state asks for it (after the rank
+ * has its device); `teardown` runs in tsr_rank_free, newest first, before the rank's allocator
+ * goes away. ctx is the plugin's job state (init's), shared by every rank; the per-rank part is
+ * what setup returns. */
+typedef struct tsr_rank_state_spec {
+  const char *name; /* unique in the job, e.g. "zero1.shards" */
+  tsr_status (*setup)(tsr_rank_t *r, void *ctx, void **state);
+  void (*teardown)(tsr_rank_t *r, void *state, void *ctx); /* optional */
+  void *ctx;
+} tsr_rank_state_spec;
+
+/* Copies `spec` into the registry. TSR_EINVAL for a missing name or setup, or a name taken. */
+TSR_API tsr_status tsr_registry_add_rank_state(tsr_registry_t *reg,
+                                               const tsr_rank_state_spec *spec);
+TSR_API int tsr_registry_rank_state_count(const tsr_registry_t *reg);
+TSR_API const tsr_rank_state_spec *tsr_registry_rank_state_at(const tsr_registry_t *reg, int i);
+
+/* This rank's state `name`, made by its setup on first use. TSR_EINVAL when the rank's registry
+ * has no such state; setup's own error otherwise. */
+TSR_API tsr_status tsr_rank_state(tsr_rank_t *r, const char *name, void **out);
 
 #ifdef __cplusplus
 }

@@ -32,7 +32,7 @@ typedef struct llama_layer {
 struct tsr_llama_t {
   tsr_rank_t *r;
   const tsr_mesh_t *mesh; /* the job's mesh */
-  tsr_mesh_t **stages;    /* (npp) unbind(mesh, "pp"): one mesh per pp coordinate */
+  tsr_mesh_t **stages;    /* (npp) unbind(mesh, stage dim): one mesh per stage coordinate */
   int npp;
   int chunks;       /* stages per pp coordinate (virtual stages); stage s is on stages[s % npp] */
   int nstages;      /* npp * chunks */
@@ -114,14 +114,21 @@ typedef struct param_spec {
 
 /* The style for (style, mesh dim). k_proj and v_proj are column linears that a strategy may place
  * apart from q_proj (tensor parallelism keeps them whole when it has more ranks than kv heads):
- * they are "kv_linear" where a strategy registered that style, "column_linear" elsewhere. */
+ * they are TSR_STYLE_KV_LINEAR where a strategy registered that style, TSR_STYLE_COLUMN_LINEAR elsewhere. */
+/* The mesh dim the layers are split over in stages, as its owner declared it; "" (no dim has
+ * that name) when none did and the model is one stage. */
+static const char *stage_dim(const tsr_rank_t *r) {
+  const char *d = tsr_registry_stage_dim(tsr_rank_registry(r));
+  return d ? d : "";
+}
+
 static const tsr_module_style *find_style(const tsr_llama_t *m, const char *style,
                                           const char *dim) {
   const tsr_registry_t *reg = tsr_rank_registry(m->r);
   if (!reg) return NULL;
   const tsr_module_style *s = tsr_registry_find_module_style(reg, style, dim);
-  if (!s && !strcmp(style, "kv_linear"))
-    s = tsr_registry_find_module_style(reg, "column_linear", dim);
+  if (!s && !strcmp(style, TSR_STYLE_KV_LINEAR))
+    s = tsr_registry_find_module_style(reg, TSR_STYLE_COLUMN_LINEAR, dim);
   return s;
 }
 
@@ -268,7 +275,7 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
   int Lyr = cfg->num_hidden_layers, n = 2 + 9 * Lyr + (cfg->tie_word_embeddings ? 0 : 1);
   int nspecs = n; /* n, and the tied replica when there is one */
-  tsr_status st = tsr_mesh_unbind(mesh, "pp", &m->stages, &m->npp);
+  tsr_status st = tsr_mesh_unbind(mesh, stage_dim(r), &m->stages, &m->npp);
   if (st != TSR_OK) {
     free(m);
     return st;
@@ -318,13 +325,13 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
     stage = m->layer_stage[l];
     for (int j = 0; j < 9; j++)
       snprintf(m->names[k + j], NAME_LEN, "model.layers.%d.%s.weight", l, layer_names[j]);
-    PARAM(y->q_proj, "column_linear", Q, C, INIT_NORMAL);
-    PARAM(y->k_proj, "kv_linear", KV, C, INIT_NORMAL);
-    PARAM(y->v_proj, "kv_linear", KV, C, INIT_NORMAL);
-    PARAM(y->o_proj, "row_linear", C, Q, INIT_NORMAL);
-    PARAM(y->gate_proj, "column_linear", I, C, INIT_NORMAL);
-    PARAM(y->up_proj, "column_linear", I, C, INIT_NORMAL);
-    PARAM(y->down_proj, "row_linear", C, I, INIT_NORMAL);
+    PARAM(y->q_proj, TSR_STYLE_COLUMN_LINEAR, Q, C, INIT_NORMAL);
+    PARAM(y->k_proj, TSR_STYLE_KV_LINEAR, KV, C, INIT_NORMAL);
+    PARAM(y->v_proj, TSR_STYLE_KV_LINEAR, KV, C, INIT_NORMAL);
+    PARAM(y->o_proj, TSR_STYLE_ROW_LINEAR, C, Q, INIT_NORMAL);
+    PARAM(y->gate_proj, TSR_STYLE_COLUMN_LINEAR, I, C, INIT_NORMAL);
+    PARAM(y->up_proj, TSR_STYLE_COLUMN_LINEAR, I, C, INIT_NORMAL);
+    PARAM(y->down_proj, TSR_STYLE_ROW_LINEAR, C, I, INIT_NORMAL);
     PARAM(y->input_layernorm, "rmsnorm", C, 0, INIT_ONES);
     PARAM(y->post_attention_layernorm, "rmsnorm", C, 0, INIT_ONES);
   }
@@ -333,7 +340,7 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   PARAM(m->norm, "rmsnorm", C, 0, INIT_ONES);
   if (!cfg->tie_word_embeddings) {
     snprintf(m->names[k], NAME_LEN, "lm_head.weight");
-    PARAM(m->lm_head, "column_linear", V, C, INIT_NORMAL);
+    PARAM(m->lm_head, TSR_STYLE_COLUMN_LINEAR, V, C, INIT_NORMAL);
   }
   if (nspecs > n) {
     /* Megatron's tied head: placed and initialised as the embedding (index 0), so both copies
@@ -405,7 +412,7 @@ tsr_var *tsr_llama_tied_replica(tsr_llama_t *m) {
 
 tsr_status tsr_llama_tied_grad_sync(tsr_llama_t *m) {
   if (!m->tied_head) return TSR_OK;
-  int d = tsr_mesh_find_dim(m->mesh, "pp"), me = tsr_rank_id(m->r);
+  int d = tsr_mesh_find_dim(m->mesh, stage_dim(m->r)), me = tsr_rank_id(m->r);
   int coords[TSR_MAX_MESH_DIMS], ranks[2];
   if (d < 0 || !tsr_mesh_coords(m->mesh, me, coords)) return TSR_OK;
   int mine = coords[d], lastpp = m->npp - 1;
@@ -427,7 +434,7 @@ tsr_status tsr_llama_tied_grad_sync(tsr_llama_t *m) {
     return TSR_ERROR(TSR_EINVAL,
                      "tied embeddings: the gradient of %s is not a contiguous f32 tensor", which);
   tsr_group_t *grp = NULL;
-  TSR_CHECK(tsr_comm_group(tsr_rank_comm(m->r), 2, ranks, "pp", &grp));
+  TSR_CHECK(tsr_comm_group(tsr_rank_comm(m->r), 2, ranks, stage_dim(m->r), &grp));
   void *data = tsr_tensor_data(g->local);
   /* a + b == b + a in floating point: both copies get the same bits */
   TSR_CHECK(tsr_comm_all_reduce(grp, data, data, (size_t)tsr_tensor_numel(g->local), TSR_F32,
@@ -454,22 +461,25 @@ tsr_status tsr_llama_batch(tsr_rank_t *r, const tsr_mesh_t *mesh, int64_t B, int
 
 /* ---- forward ---- */
 
-/* The seed's input placements: batch over dp, sequence over the context-parallel dims,
- * replicated over tp; names the mesh lacks are ignored. TorchTitan's split of the data-parallel
- * dim, dp_replicate x dp_shard (HSDP), shards the batch on both, nested outermost first. */
-static tsr_status place_input(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh, tsr_var **out) {
-  static const char *const names[] = {"dp", "dp_replicate", "dp_shard",
-                                      "tp", "ulysses_cp",   "ring_cp"};
-  const tsr_placement want[] = {tsr_shard(0),    tsr_shard(0), tsr_shard(0),
-                                tsr_replicate(), tsr_shard(1), tsr_shard(1)};
-  tsr_placement p[TSR_MAX_MESH_DIMS];
+/* The model's data layout on each mesh dim, as the dim's owner declared it through the embedding
+ * style: the token ids and labels (B, L) take its input placement, the hidden states (B, L, C)
+ * where they cross pipeline stages its output. A dim without the style keeps the data
+ * replicated. The model names no dim: a plugin that shards the batch or the sequence on a dim of
+ * its own says so there, and the core's generic rules do the rest. */
+static void data_placements(const tsr_llama_t *m, const tsr_mesh_t *mesh, bool hidden,
+                            tsr_placement *p) {
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
-    int j = tsr_mesh_find_dim(x->value->mesh, tsr_mesh_dim_name(mesh, i));
-    p[i] = j >= 0 ? x->value->placements[j] : tsr_replicate();
-    for (int k = 0; k < 6; k++)
-      if (strcmp(tsr_mesh_canonical_name(names[k]), tsr_mesh_dim_name(mesh, i)) == 0)
-        p[i] = want[k];
+    const tsr_module_style *s = find_style(m, TSR_STYLE_EMBEDDING, tsr_mesh_dim_name(mesh, i));
+    p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? (hidden ? s->output : s->input)
+                                               : tsr_replicate();
   }
+}
+
+/* Token ids or labels, from wherever the caller placed them, to the data layout on `mesh`. */
+static tsr_status place_input(tsr_llama_t *m, tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,
+                              tsr_var **out) {
+  tsr_placement p[TSR_MAX_MESH_DIMS];
+  data_placements(m, mesh, false, p);
   return tsr_op_redistribute(t, x, mesh, p, out);
 }
 
@@ -515,9 +525,9 @@ static tsr_status linear(tsr_llama_t *m, tsr_tape_t *t, const char *style, tsr_v
 
 static tsr_status rmsnorm(tsr_llama_t *m, tsr_tape_t *t, tsr_var *x, tsr_var *w, tsr_var **out) {
   tsr_var *xi, *y;
-  TSR_CHECK(styled(m, t, "rmsnorm", false, x, &xi));
+  TSR_CHECK(styled(m, t, TSR_STYLE_RMSNORM, false, x, &xi));
   TSR_CHECK(tsr_op_rmsnorm(t, xi, w, m->cfg.rms_norm_eps, &y));
-  return styled(m, t, "rmsnorm", true, y, out);
+  return styled(m, t, TSR_STYLE_RMSNORM, true, y, out);
 }
 
 /* (B, L, n*D) <-> (B, L, n, D) */
@@ -539,10 +549,10 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   tsr_var *q, *k, *v, *qh, *kh, *vh, *qr, *kr, *a, *am;
   /* placed once for the three projections that share it: one all-gather under sequence
    * parallelism, not three */
-  TSR_CHECK(styled(m, t, "column_linear", false, x, &x));
-  TSR_CHECK(linear(m, t, "column_linear", x, y->q_proj, &q));
-  TSR_CHECK(linear(m, t, "kv_linear", x, y->k_proj, &k));
-  TSR_CHECK(linear(m, t, "kv_linear", x, y->v_proj, &v));
+  TSR_CHECK(styled(m, t, TSR_STYLE_COLUMN_LINEAR, false, x, &x));
+  TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, x, y->q_proj, &q));
+  TSR_CHECK(linear(m, t, TSR_STYLE_KV_LINEAR, x, y->k_proj, &k));
+  TSR_CHECK(linear(m, t, TSR_STYLE_KV_LINEAR, x, y->v_proj, &v));
   TSR_CHECK(split_heads(t, q, c->num_attention_heads, D, &qh));
   TSR_CHECK(split_heads(t, k, c->num_key_value_heads, D, &kh));
   TSR_CHECK(split_heads(t, v, c->num_key_value_heads, D, &vh));
@@ -550,17 +560,17 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   TSR_CHECK(tsr_op_rope(t, kh, c->rope_theta, &kr));
   TSR_CHECK(tsr_op_sdpa(t, qr, kr, vh, true, &a));
   TSR_CHECK(merge_heads(t, a, &am));
-  return linear(m, t, "row_linear", am, y->o_proj, out);
+  return linear(m, t, TSR_STYLE_ROW_LINEAR, am, y->o_proj, out);
 }
 
 static tsr_status mlp(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *x,
                       tsr_var **out) {
   tsr_var *g, *u, *s;
-  TSR_CHECK(styled(m, t, "column_linear", false, x, &x));
-  TSR_CHECK(linear(m, t, "column_linear", x, y->gate_proj, &g));
-  TSR_CHECK(linear(m, t, "column_linear", x, y->up_proj, &u));
+  TSR_CHECK(styled(m, t, TSR_STYLE_COLUMN_LINEAR, false, x, &x));
+  TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, x, y->gate_proj, &g));
+  TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, x, y->up_proj, &u));
   TSR_CHECK(tsr_op_swiglu(t, g, u, &s));
-  return linear(m, t, "row_linear", s, y->down_proj, out);
+  return linear(m, t, TSR_STYLE_ROW_LINEAR, s, y->down_proj, out);
 }
 
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
@@ -570,9 +580,9 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   if (loss) *loss = NULL;
   tsr_var *x, *e, *h, *n, *a, *f;
   int last = m->nstages - 1;
-  TSR_CHECK(place_input(t, ids, smesh(m, 0), &x));
+  TSR_CHECK(place_input(m, t, ids, smesh(m, 0), &x));
   TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
-  TSR_CHECK(styled(m, t, "embedding", true, e, &h));
+  TSR_CHECK(styled(m, t, TSR_STYLE_EMBEDDING, true, e, &h));
   for (int l = 0; l < c->num_hidden_layers; l++) {
     const llama_layer *y = &m->layers[l];
     TSR_CHECK(to_stage(m, t, h, m->layer_stage[l], &h));
@@ -589,33 +599,27 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
    * pipeline stages it travels to the last one, and its gradient comes back the same way. */
   tsr_var *head = m->lm_head;
   if (!head) TSR_CHECK(to_stage(m, t, m->embed_tokens, last, &head));
-  TSR_CHECK(linear(m, t, "column_linear", n, head, logits));
+  TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, n, head, logits));
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
-  TSR_CHECK(place_input(t, labels, smesh(m, last), &lab));
+  TSR_CHECK(place_input(m, t, labels, smesh(m, last), &lab));
   return tsr_op_cross_entropy(t, *logits, lab, loss);
 }
 
 /* ---- one pipeline stage at a time ---- */
 
+const char *tsr_llama_stage_dim(const tsr_llama_t *m) {
+  return stage_dim(m->r);
+}
+
 tsr_rank_t *tsr_llama_rank(const tsr_llama_t *m) {
   return m->r;
 }
 
-/* Placements of the residual stream where it crosses stages: what place_input and the
- * embedding style give it, so that both sides of a transfer agree without sending metadata. */
+/* Placements of the residual stream where it crosses stages: the data layout's, so that both
+ * sides of a transfer agree without sending metadata. */
 void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placement *p) {
-  static const char *const names[] = {"dp", "ulysses_cp", "ring_cp"};
-  const tsr_placement want[] = {tsr_shard(0), tsr_shard(1), tsr_shard(1)};
-  const tsr_mesh_t *mesh = smesh(m, stage);
-  for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
-    const char *dim = tsr_mesh_dim_name(mesh, i);
-    const tsr_registry_t *reg = tsr_rank_registry(m->r);
-    const tsr_module_style *s = reg ? tsr_registry_find_module_style(reg, "embedding", dim) : NULL;
-    p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? s->output : tsr_replicate();
-    for (int k = 0; k < 3; k++)
-      if (strcmp(tsr_mesh_canonical_name(names[k]), dim) == 0) p[i] = want[k];
-  }
+  data_placements(m, smesh(m, stage), true, p);
 }
 
 static tsr_status decoder_layer(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *h,
@@ -640,9 +644,9 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
     return TSR_ERROR(TSR_EINVAL, "pipeline stage %d out of range (%d stages)", stage, m->nstages);
   tsr_var *h, *x, *e, *n;
   if (stage == 0) {
-    TSR_CHECK(place_input(t, ids, smesh(m, 0), &x));
+    TSR_CHECK(place_input(m, t, ids, smesh(m, 0), &x));
     TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
-    TSR_CHECK(styled(m, t, "embedding", true, e, &h));
+    TSR_CHECK(styled(m, t, TSR_STYLE_EMBEDDING, true, e, &h));
   } else {
     h = in;
   }
@@ -663,11 +667,11 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
   }
   TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
   tsr_var *head = m->lm_head ? m->lm_head : m->tied_head ? m->tied_head : m->embed_tokens;
-  TSR_CHECK(linear(m, t, "column_linear", n, head, &h));
+  TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, n, head, &h));
   *out = h;
   if (logits) *logits = h;
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
-  TSR_CHECK(place_input(t, labels, smesh(m, last), &lab));
+  TSR_CHECK(place_input(m, t, labels, smesh(m, last), &lab));
   return tsr_op_cross_entropy(t, h, lab, loss);
 }

@@ -118,10 +118,12 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
 
 /* ---- Stage by stage, for pipeline schedules ---- */
 
+/* The mesh dim the layers are split over in stages (tsr_registry_stage_dim), "" for none. */
+const char *tsr_llama_stage_dim(const tsr_llama_t *m);
 tsr_rank_t *tsr_llama_rank(const tsr_llama_t *m);
 /* Placements (one per dim of the stage's mesh) of the activation that leaves `stage` and enters
- * the next: batch over dp, sequence over the context-parallel dims, the embedding style's
- * output elsewhere. Both sides of a transfer compute them, so no metadata travels. */
+ * the next: the data layout's hidden-state placement, the output of the embedding style each
+ * dim's owner registered (Replicate on a dim without one). */
 void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placement *p);
 /* The part of the forward that `stage` computes; only that stage's ranks call it, so the
  * caller moves activations and gradients between stages (tsr_llama_pipe_step does). Stage 0

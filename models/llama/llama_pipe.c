@@ -81,7 +81,7 @@ static tsr_status peer_group(pipe_ctx *p, int peer_pp, tsr_group_t **out) {
   const tsr_mesh_t *other = tsr_llama_stage_mesh(p->m, peer_pp);
   int me = tsr_rank_id(p->r), peer = tsr_mesh_rank_at(other, p->coords);
   int pair[2] = {me < peer ? me : peer, me < peer ? peer : me};
-  return tsr_comm_group(tsr_rank_comm(p->r), 2, pair, "pp", out);
+  return tsr_comm_group(tsr_rank_comm(p->r), 2, pair, tsr_llama_stage_dim(p->m), out);
 }
 
 /* A (rows, seq, C) f32 DTensor on this rank's mesh placed as the stage-boundary placements of
@@ -358,7 +358,7 @@ static tsr_status run_rank(pipe_ctx *p, const tsr_pipe_timeline *tl, const int32
 
 static tsr_status broadcast_results(pipe_ctx *p, const tsr_mesh_t *job_mesh, int64_t rows,
                                     tsr_pipe_result *res) {
-  int dim = tsr_mesh_find_dim(job_mesh, "pp");
+  int dim = tsr_mesh_find_dim(job_mesh, tsr_llama_stage_dim(p->m));
   res->loss = p->loss;
   if (dim < 0 || p->P == 1) {
     if (p->want_logits) return tsr_tensor_cat(p->parts, p->M, 0, &res->logits);

@@ -83,7 +83,6 @@ static void ring_fini(void *state) {
 }
 
 static tsr_status ring_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
-  (void)args;
   ring_state *s = state;
   const tsr_placement S1 = tsr_shard(1);
   tsr_op_rule sdpa = {.name = "cp_ring.sdpa",
@@ -99,6 +98,8 @@ static tsr_status ring_register(tsr_registry_t *reg, const tsr_plugin_args *args
                       .free_saved = ring_sdpa_saved_free,
                       .ctx = s};
   TSR_CHECK(tsr_registry_add_op_rule(reg, &sdpa));
+  /* the tokens, labels and hidden states are split along the sequence on the ring */
+  TSR_CHECK(tsr_registry_add_data_split(reg, args->name, RING_DIM, S1));
   if (s->balance != RING_BALANCE_ZIGZAG) return TSR_OK;
   tsr_op_rule rope = {.name = "cp_ring.rope.zigzag",
                       .op = "rope",

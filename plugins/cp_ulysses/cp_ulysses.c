@@ -64,7 +64,7 @@ static void ulysses_fini(void *state) {
 }
 
 static tsr_status ulysses_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
-  (void)args, (void)state;
+  (void)state;
   const tsr_placement S1 = tsr_shard(1);
   tsr_op_rule sdpa = {.name = "cp_ulysses.sdpa",
                       .op = "sdpa",
@@ -78,7 +78,9 @@ static tsr_status ulysses_register(tsr_registry_t *reg, const tsr_plugin_args *a
                       .backward = ulysses_sdpa_backward,
                       .free_saved = ulysses_sdpa_saved_free,
                       .composes = true};
-  return tsr_registry_add_op_rule(reg, &sdpa);
+  TSR_CHECK(tsr_registry_add_op_rule(reg, &sdpa));
+  /* the tokens, labels and hidden states are split along the sequence */
+  return tsr_registry_add_data_split(reg, args->name, ULYSSES_DIM, S1);
 }
 
 static const tsr_strategy ulysses_desc = {

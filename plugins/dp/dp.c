@@ -35,7 +35,7 @@ static const tsr_key_spec dp_keys[] = {
 /* Every module style of the model: parameters replicated on dp and dp_replicate and sharded
  * by rows on dp_shard; activations stay split by batch. */
 static const char *const dp_styles[] = {"column_linear", "row_linear", "kv_linear", "embedding",
-                                        "rmsnorm",       "attention",  "mlp"};
+                                        "rmsnorm"};
 
 /* The ops that read a parameter, and the input that is the parameter. */
 static const char *const dp_param_ops[] = {"linear", "rmsnorm", "embedding"};

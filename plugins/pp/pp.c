@@ -136,7 +136,8 @@ static tsr_status pp_register(tsr_registry_t *reg, const tsr_plugin_args *args, 
       {"zero_bubble", args->name, tsr_pp_zero_bubble, NULL},
   };
   for (int i = 0; i < 4; i++) TSR_CHECK(tsr_registry_add_schedule(reg, &scheds[i]));
-  return TSR_OK;
+  /* the model's layers are split into stages over the dim this plugin owns */
+  return tsr_registry_set_stage_dim(reg, args->name, pp_dims[0]);
 }
 
 static const tsr_strategy pp_desc = {

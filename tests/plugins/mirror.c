@@ -25,7 +25,7 @@ static const tsr_key_spec mirror_keys[] = {
 };
 
 static const char *const mirror_styles[] = {"column_linear", "row_linear", "embedding",
-                                            "rmsnorm",       "attention",  "mlp"};
+                                            "rmsnorm"};
 
 static tsr_status mirror_validate(const tsr_plugin_args *args) {
   int64_t every;

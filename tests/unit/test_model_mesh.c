@@ -1,9 +1,10 @@
-/* The Llama step on meshes that need no strategy-specific rule, against the 1-rank run: the
- * batch sharded over `dp` (even and uneven, so the loss must weigh shards by their tokens), a
- * replicated `tp` beside it, the gradient sync that falls out of resolving Partial gradients to
- * the parameters' Replicate placement, and pipeline stages from `pp` run in order (one
- * micro-batch; the schedules are the pipeline strategy's). Also: sharding the sequence without a
- * context-parallel rule for attention is an error naming it. */
+/* The Llama step on meshes that need no strategy-specific rule, against the 1-rank run, with the
+ * dims declared as a plugin declares them and named as no in-tree plugin names its dims: the
+ * batch split over `rows` (even and uneven, so the loss must weigh shards by their tokens), an
+ * undeclared `wide` beside it (replicated), the gradient sync that falls out of resolving Partial
+ * gradients to the parameters' Replicate placement, and pipeline stages over `stage` run in order
+ * (one micro-batch; the schedules are the pipeline strategy's). Also: splitting the sequence
+ * without a rule for attention is an error naming it. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -49,6 +50,26 @@ static tsr_status batch_var(tsr_rank_t *r, const tsr_mesh_t *m, int B, int L, bo
   return tsr_llama_batch(r, m, B, L, p, out);
 }
 
+/* The data layout and stages, declared as a plugin would: dims of names the model has never
+ * heard of, with no rule of their own. */
+static tsr_registry_t *layout;
+
+static int layout_new(void **s) {
+  (void)s;
+  if (tsr_registry_new(&layout) != TSR_OK ||
+      tsr_registry_add_data_split(layout, "test", "rows", tsr_shard(0)) != TSR_OK ||
+      tsr_registry_add_data_split(layout, "test", "seq", tsr_shard(1)) != TSR_OK ||
+      tsr_registry_set_stage_dim(layout, "test", "stage") != TSR_OK)
+    return -1;
+  return 0;
+}
+
+static int layout_free(void **s) {
+  (void)s;
+  tsr_registry_free(layout);
+  return 0;
+}
+
 static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   mesh_case *mc = arg;
   tsr_rank_t *r = NULL;
@@ -58,7 +79,7 @@ static tsr_status run_step(tsr_comm_t *comm, void *arg) {
   tsr_var *ids = NULL, *labels = NULL, *logits, *loss;
   bool me0 = tsr_comm_rank(comm) == 0;
   tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, layout, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), mc->ndim, mc->shape, mc->names, &m), st);
   tsr_llama_config c = tsr_test_llama;
   if (mc->layers) c.num_hidden_layers = mc->layers;
@@ -112,7 +133,7 @@ static void run_model_variant(int world, int ndim, const int *shape, const char 
                               int batch, int seq, int layers, bool tied) {
   mesh_case one = {.ndim = 1,
                    .shape = {1},
-                   .names = {"dp"},
+                   .names = {"rows"},
                    .batch = batch,
                    .seq = seq,
                    .layers = layers,
@@ -140,7 +161,7 @@ static void run_and_compare(int world, int ndim, const int *shape, const char *c
 
 static void test_dp2_even_batch(void **s) {
   int shape[1] = {2};
-  const char *names[1] = {"dp"};
+  const char *names[1] = {"rows"};
   run_and_compare(2, 1, shape, names, 4, 6);
 }
 
@@ -148,45 +169,45 @@ static void test_dp4_uneven_batch(void **s) {
   /* 6 rows over 4 ranks split 2, 2, 2, 0 and the labels ignore more tokens in some rows: the loss
    * must still be the mean over every valid token of the batch */
   int shape[1] = {4};
-  const char *names[1] = {"dp"};
+  const char *names[1] = {"rows"};
   run_and_compare(4, 1, shape, names, 6, 5);
 }
 
 static void test_dp2_with_replicated_tp(void **s) {
   int shape[2] = {2, 2};
-  const char *names[2] = {"dp", "tp"};
+  const char *names[2] = {"rows", "wide"};
   run_and_compare(4, 2, shape, names, 3, 4);
 }
 
 static void test_pp2_stages(void **s) {
   int shape[1] = {2};
-  const char *names[1] = {"pp"};
+  const char *names[1] = {"stage"};
   run_and_compare(2, 1, shape, names, 3, 5);
 }
 
 static void test_pp2_uneven_layers(void **s) {
   /* 3 layers over 2 stages: [0, 0, 1] */
   int shape[1] = {2};
-  const char *names[1] = {"pp"};
+  const char *names[1] = {"stage"};
   run_model_variant(2, 1, shape, names, 2, 4, 3, false);
 }
 
 static void test_pp3(void **s) {
   int shape[1] = {3};
-  const char *names[1] = {"pp"};
+  const char *names[1] = {"stage"};
   run_model_variant(3, 1, shape, names, 2, 4, 3, false);
 }
 
 static void test_pp2_tied_embeddings(void **s) {
   /* the embedding weight serves lm_head on the last stage; its gradient returns to stage 0 */
   int shape[1] = {2};
-  const char *names[1] = {"pp"};
+  const char *names[1] = {"stage"};
   run_model_variant(2, 1, shape, names, 2, 4, 0, true);
 }
 
 static void test_dp2_pp2(void **s) {
   int shape[3] = {2, 2, 1};
-  const char *names[3] = {"dp", "pp", "tp"};
+  const char *names[3] = {"rows", "stage", "wide"};
   run_and_compare(4, 3, shape, names, 4, 3);
 }
 
@@ -208,10 +229,10 @@ static void test_assign_layers(void **s) {
 }
 
 static void test_sequence_shard_needs_a_cp_rule(void **s) {
-  mesh_case mc = {.ndim = 1, .shape = {2}, .names = {"ring_cp"}, .batch = 2, .seq = 6};
+  mesh_case mc = {.ndim = 1, .shape = {2}, .names = {"seq"}, .batch = 2, .seq = 6};
   if (tsr_local_launch(2, 30.0, run_step, &mc) != TSR_OK) fail_msg("%s", tsr_last_error());
   assert_int_equal(mc.st0, TSR_ENOTSUP);
-  assert_non_null(strstr(mc.msg0, "no sharding rule for op 'sdpa' on mesh dim 'ring_cp'"));
+  assert_non_null(strstr(mc.msg0, "no sharding rule for op 'sdpa' on mesh dim 'seq'"));
 }
 
 int main(void) {
@@ -227,5 +248,5 @@ int main(void) {
       cmocka_unit_test(test_assign_layers),
       cmocka_unit_test(test_sequence_shard_needs_a_cp_rule),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return cmocka_run_group_tests(tests, layout_new, layout_free);
 }

@@ -15,9 +15,9 @@ static tsr_registry_t *new_registry(void) {
   return reg;
 }
 
-static tsr_op_rule matmul_rule(const char *name, const char *dim, tsr_placement a, tsr_placement b,
+static tsr_op_rule linear_rule(const char *name, const char *dim, tsr_placement a, tsr_placement b,
                                tsr_placement out) {
-  tsr_op_rule r = {.name = name, .op = "matmul", .mesh_dim = dim, .ninputs = 2, .noutputs = 1};
+  tsr_op_rule r = {.name = name, .op = "linear", .mesh_dim = dim, .ninputs = 2, .noutputs = 1};
   r.inputs[0] = a;
   r.inputs[1] = b;
   r.outputs[0] = out;
@@ -27,13 +27,13 @@ static tsr_op_rule matmul_rule(const char *name, const char *dim, tsr_placement 
 static void test_op_rules(void **state) {
   (void)state;
   tsr_registry_t *reg = new_registry();
-  assert_null(tsr_registry_find_op_rule(reg, "matmul", "tp", 0, NULL));
+  assert_null(tsr_registry_find_op_rule(reg, "linear", "tp", 0, NULL));
   tsr_op_rule col =
-      matmul_rule("core.matmul.col", NULL, tsr_replicate(), tsr_shard(1), tsr_shard(1));
+      linear_rule("core.linear.col", NULL, tsr_replicate(), tsr_shard(1), tsr_shard(1));
   tsr_op_rule row =
-      matmul_rule("core.matmul.row", NULL, tsr_shard(1), tsr_shard(0), tsr_partial(TSR_REDUCE_SUM));
+      linear_rule("core.linear.row", NULL, tsr_shard(1), tsr_shard(0), tsr_partial(TSR_REDUCE_SUM));
   tsr_op_rule tp_col =
-      matmul_rule("tp.matmul.col", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
+      linear_rule("tp.linear.col", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
   assert_int_equal(tsr_registry_add_op_rule(reg, &col), TSR_OK);
   assert_int_equal(tsr_registry_add_op_rule(reg, &row), TSR_OK);
   assert_int_equal(tsr_registry_add_op_rule(reg, &tp_col), TSR_OK);
@@ -41,35 +41,106 @@ static void test_op_rules(void **state) {
 
   tsr_placement in[2] = {tsr_replicate(), tsr_shard(1)};
   /* A rule for the named dim beats the generic one; other dims get the generic one. */
-  assert_string_equal(tsr_registry_find_op_rule(reg, "matmul", "tp", 2, in)->name, "tp.matmul.col");
-  assert_string_equal(tsr_registry_find_op_rule(reg, "matmul", "dp", 2, in)->name,
-                      "core.matmul.col");
+  assert_string_equal(tsr_registry_find_op_rule(reg, "linear", "tp", 2, in)->name, "tp.linear.col");
+  assert_string_equal(tsr_registry_find_op_rule(reg, "linear", "dp", 2, in)->name,
+                      "core.linear.col");
   tsr_placement in_row[2] = {tsr_shard(1), tsr_shard(0)};
-  const tsr_op_rule *r = tsr_registry_find_op_rule(reg, "matmul", "tp", 2, in_row);
+  const tsr_op_rule *r = tsr_registry_find_op_rule(reg, "linear", "tp", 2, in_row);
   assert_non_null(r);
   assert_int_equal(r->outputs[0].kind, TSR_PARTIAL);
   /* Placements must match exactly: S(0) is not S(1). */
   tsr_placement in_bad[2] = {tsr_replicate(), tsr_shard(0)};
-  assert_null(tsr_registry_find_op_rule(reg, "matmul", "tp", 2, in_bad));
+  assert_null(tsr_registry_find_op_rule(reg, "linear", "tp", 2, in_bad));
   assert_null(tsr_registry_find_op_rule(reg, "add", "tp", 2, in));
 
   /* The same key twice is refused, naming both rules. */
-  tsr_op_rule again = matmul_rule("other.col", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
+  tsr_op_rule again = linear_rule("other.col", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
   assert_int_equal(tsr_registry_add_op_rule(reg, &again), TSR_EINVAL);
-  assert_non_null(strstr(tsr_last_error(), "duplicates rule 'tp.matmul.col'"));
+  assert_non_null(strstr(tsr_last_error(), "duplicates rule 'tp.linear.col'"));
 
   /* A wildcard input matches any placement. */
-  tsr_op_rule any = matmul_rule("x.any", "cp", tsr_shard(0), tsr_replicate(), tsr_shard(0));
+  tsr_op_rule any = linear_rule("x.any", "cp", tsr_shard(0), tsr_replicate(), tsr_shard(0));
   any.any_input = 1u << 1;
   assert_int_equal(tsr_registry_add_op_rule(reg, &any), TSR_OK);
   tsr_placement in_any[2] = {tsr_shard(0), tsr_partial(TSR_REDUCE_MAX)};
-  assert_string_equal(tsr_registry_find_op_rule(reg, "matmul", "cp", 2, in_any)->name, "x.any");
+  assert_string_equal(tsr_registry_find_op_rule(reg, "linear", "cp", 2, in_any)->name, "x.any");
 
-  tsr_op_rule bad = {.name = "bad", .op = "matmul", .ninputs = 0, .noutputs = 1};
+  tsr_op_rule bad = {.name = "bad", .op = "linear", .ninputs = 0, .noutputs = 1};
   assert_int_equal(tsr_registry_add_op_rule(reg, &bad), TSR_EINVAL);
   bad.ninputs = 1;
   bad.op = NULL;
   assert_int_equal(tsr_registry_add_op_rule(reg, &bad), TSR_EINVAL);
+  tsr_registry_free(reg);
+}
+
+/* Registrations the core could never honour are refused when made, naming the choices. */
+static void test_vocabulary_refusals(void **state) {
+  (void)state;
+  tsr_registry_t *reg = new_registry();
+  /* an op the model never calls */
+  tsr_op_rule mm = linear_rule("x.matmul", "tp", tsr_replicate(), tsr_shard(1), tsr_shard(1));
+  mm.op = "matmul";
+  assert_int_equal(tsr_registry_add_op_rule(reg, &mm), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "op 'matmul', which the model never calls"));
+  assert_non_null(strstr(tsr_last_error(), "embedding, rmsnorm, linear, rope, sdpa, add, swiglu, "
+                                           "cross_entropy"));
+  /* the op's arity */
+  tsr_op_rule sdpa = {.name = "x.sdpa", .op = TSR_OP_SDPA, .ninputs = 2, .noutputs = 1};
+  assert_int_equal(tsr_registry_add_op_rule(reg, &sdpa), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "sdpa takes 3 inputs (q, k, v)"));
+  /* gathering an input of an op without parameters: the loss's labels */
+  tsr_op_rule loss = {.name = "x.loss",
+                      .op = TSR_OP_CROSS_ENTROPY,
+                      .mesh_dim = "zdp",
+                      .ninputs = 2,
+                      .noutputs = 1,
+                      .use_mask = 1u << 1,
+                      .use = {tsr_replicate(), tsr_replicate()}};
+  assert_int_equal(tsr_registry_add_op_rule(reg, &loss), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "use_mask may only mark the weight"));
+  /* ... and of an activation of one with parameters */
+  tsr_op_rule act = loss;
+  act.op = TSR_OP_LINEAR;
+  act.use_mask = 1u << 0;
+  assert_int_equal(tsr_registry_add_op_rule(reg, &act), TSR_EINVAL);
+  act.use_mask = 1u << 1;
+  assert_int_equal(tsr_registry_add_op_rule(reg, &act), TSR_OK);
+  /* a module the model does not have */
+  tsr_module_style mlp = {.style = "mlp", .mesh_dim = "tp", .owner = "x"};
+  assert_int_equal(tsr_registry_add_module_style(reg, &mlp), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "module style 'mlp' on dim tp (by x) is not a module"));
+  assert_non_null(strstr(tsr_last_error(), "embedding, column_linear, kv_linear, row_linear, "
+                                           "rmsnorm"));
+  /* a parameter the module does not have */
+  tsr_module_style bias = {.style = TSR_STYLE_ROW_LINEAR,
+                           .mesh_dim = "tp",
+                           .owner = "x",
+                           .nparams = 1,
+                           .params = {{"bias", tsr_shard(0)}}};
+  assert_int_equal(tsr_registry_add_module_style(reg, &bias), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "no parameter 'bias'"));
+  /* a data split that is neither the batch nor the sequence */
+  assert_int_equal(tsr_registry_add_data_split(reg, "x", "zdp", tsr_shard(2)), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "Shard(0) (the batch) or Shard(1) (the sequence)"));
+  assert_int_equal(tsr_registry_add_data_split(reg, "x", "zdp", tsr_shard(0)), TSR_OK);
+  const tsr_module_style *e = tsr_registry_find_module_style(reg, TSR_STYLE_EMBEDDING, "zdp");
+  assert_non_null(e);
+  assert_true(tsr_placement_equal(e->input, tsr_shard(0)));
+  assert_true(tsr_placement_equal(e->output, tsr_shard(0)));
+  assert_int_equal(tsr_module_style_param(e, "weight").kind, TSR_REPLICATE);
+  /* one stage dim */
+  assert_null(tsr_registry_stage_dim(reg));
+  assert_int_equal(tsr_registry_set_stage_dim(reg, "a", "pp"), TSR_OK);
+  assert_int_equal(tsr_registry_set_stage_dim(reg, "b", "stages"), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "but a declared 'pp'"));
+  assert_string_equal(tsr_registry_stage_dim(reg), "pp");
+  /* the published lists end in NULL and hold what the model calls */
+  int n = 0;
+  while (tsr_op_names()[n]) n++;
+  assert_int_equal(n, 8);
+  n = 0;
+  while (tsr_module_style_names()[n]) n++;
+  assert_int_equal(n, 5);
   tsr_registry_free(reg);
 }
 
@@ -79,8 +150,8 @@ static void test_module_styles(void **state) {
   tsr_module_style col = {.style = "column_linear",
                           .mesh_dim = "tp",
                           .owner = "tp",
-                          .nparams = 2,
-                          .params = {{"weight", tsr_shard(0)}, {"bias", tsr_shard(0)}},
+                          .nparams = 1,
+                          .params = {{"weight", tsr_shard(0)}},
                           .input = tsr_replicate(),
                           .output = tsr_shard(2)};
   assert_int_equal(tsr_registry_add_module_style(reg, &col), TSR_OK);
@@ -99,14 +170,14 @@ static void test_module_styles(void **state) {
   assert_int_equal(tsr_registry_add_module_style(reg, &dup), TSR_EINVAL);
   assert_non_null(strstr(tsr_last_error(), "registered by tp and again by sp"));
 
-  tsr_module_style cp = {.style = "attention", .mesh_dim = "ulysess_cp", .owner = "cp_ulysses"};
+  tsr_module_style cp = {.style = "rmsnorm", .mesh_dim = "ulysses_cp", .owner = "cp_ulysses"};
   assert_int_equal(tsr_registry_add_module_style(reg, &cp), TSR_OK);
-  assert_non_null(tsr_registry_find_module_style(reg, "attention", "ulysses_cp"));
+  assert_non_null(tsr_registry_find_module_style(reg, "rmsnorm", "ulysses_cp"));
   assert_int_equal(tsr_registry_module_style_count(reg), 2);
   assert_string_equal(tsr_registry_module_style_at(reg, 1)->owner, "cp_ulysses");
   assert_null(tsr_registry_module_style_at(reg, 2));
 
-  tsr_module_style noname = {.style = "mlp"};
+  tsr_module_style noname = {.style = "rmsnorm"};
   assert_int_equal(tsr_registry_add_module_style(reg, &noname), TSR_EINVAL);
   tsr_registry_free(reg);
 }
@@ -200,6 +271,7 @@ static void test_optim_hooks(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_op_rules),
+      cmocka_unit_test(test_vocabulary_refusals),
       cmocka_unit_test(test_module_styles),
       cmocka_unit_test(test_schedules),
       cmocka_unit_test(test_optim_hooks),
