@@ -382,6 +382,28 @@ static void xml_escape(FILE *f, const char *s) {
   }
 }
 
+/* L2: what discovery found, then one test per registration and mesh size, in the order
+ * discovery found them. */
+static void add_registration_tests(const cf_plugin *p) {
+  static const char *const kinds[] = {"op", "redistribute", "style", "schedule"};
+  static const cf_test_fn fns[] = {cf_op_rule_test, cf_redistribute_test, cf_style_test,
+                                   cf_schedule_test};
+  cf_add_test("L2.discovery", 2, cf_discovery_test, -1, 0, NULL);
+  for (int i = 0; i < p->nitems; i++) {
+    const cf_item *it = &p->items[i];
+    for (int n = 1; n <= 4; n++) {
+      char name[160];
+      if (it->kind == CF_ITEM_SCHED)
+        snprintf(name, sizeof name, "L2.schedule.%s.stages=%d", it->name, n);
+      else if (it->kind == CF_ITEM_OP)
+        snprintf(name, sizeof name, "L2.op.%s.%s=%d", it->name, it->dim, n);
+      else
+        snprintf(name, sizeof name, "L2.%s.%s.%s=%d", kinds[it->kind], it->name, it->dim, n);
+      cf_add_test(name, 2, fns[it->kind], i, n, NULL);
+    }
+  }
+}
+
 static bool selected(const cf_test *t, char **filters, int nfilters) {
   if (!nfilters) return true;
   for (int i = 0; i < nfilters; i++)
@@ -476,9 +498,10 @@ int tsr_cmd_conform(int argc, char **argv) {
   double t_start = now_s();
   cf_discover(&p, timeout_s);
   g_ntests = 0;
-  cf_add_l01(&p);
-  cf_add_l2(&p);
-  cf_add_l3(&p);
+  cf_add_load_tests(&p);
+  cf_add_contract_tests(&p);
+  add_registration_tests(&p);
+  cf_add_model_tests(&p);
 
   if (list) {
     for (int i = 0; i < g_ntests; i++)

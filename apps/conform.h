@@ -1,10 +1,17 @@
 /* `tessera conform`: the plugin conformance suite (docs/conformance.md).
  *
- * conform.c is the driver: options, the test list, running each test in a forked child with a
- * timeout, expected failures and the three output formats. conform_job.c writes the tests' jobs
- * and runs discovery. The levels: conform_l01.c (L0 load/ABI, L1 contract), conform_l2.c (rules,
- * styles and transitions against dense references), conform_l2_sched.c (pipeline schedules),
- * conform_l3.c (the Llama model against the 1-rank run).
+ * The files follow what the tests check; the levels L0-L3 the command line and the docs name
+ * map onto them:
+ *   conform.c            the driver: options, the test list, each test in a forked child with a
+ *                        timeout, expected failures and the three output formats
+ *   conform_job.c        the jobs the tests write, their variants, finding a registration again
+ *   conform_discover.c   discovery of the descriptor and registrations (and L2.discovery)
+ *   conform_load.c       L0: loading and the ABI, the descriptor field by field
+ *   conform_contract.c   L1: the callbacks' contract (keys, lifecycle, refusals, scope)
+ *   conform_rules.c      L2: op rules, module styles and redistribute transitions against dense
+ *                        references
+ *   conform_schedules.c  L2: pipeline schedules, simulated stage against stage
+ *   conform_model.c      L3: the Llama model against the 1-rank run
  */
 #ifndef TESSERA_APP_CONFORM_H
 #define TESSERA_APP_CONFORM_H
@@ -105,7 +112,11 @@ extern char cf_tmpdir[TSR_MAX_PATH];
 /* Adds a test; false when the list is full. */
 bool cf_add_test(const char *name, int level, cf_test_fn fn, int item, int n, const char *arg);
 
-/* ---- Jobs and discovery (conform_job.c) ---- */
+/* Formats like snprintf into msg and returns r, for one-line test bodies. */
+cf_result cf_say(char *msg, size_t len, cf_result r, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* ---- Jobs (conform_job.c) ---- */
 
 /* The text of a job file: mesh `dims` x `shape` (ndim entries; 0 gives a 1-rank "dp" mesh), the
  * plugins in `load` (comma-separated, may be ""), the model and data of `model` (0: the L2
@@ -124,32 +135,50 @@ void cf_job_free(tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t *set);
 /* The in-tree plugins, which L1 and L3 combine with the one under test when they are found. */
 #define CF_NKNOWN 6
 extern const char *const cf_known_plugins[CF_NKNOWN];
-/* True for a C identifier shorter than max characters. */
-bool cf_ident(const char *s, size_t max);
-/* dlopen + entry point of the plugin's file; NULL with the reason in msg. *handle stays open. */
-const tsr_strategy *cf_open_desc(const cf_plugin *p, void **handle, char *msg, size_t len);
 /* The path of libtessera-<name>.so on the search path; false when there is none. */
 bool cf_find_plugin(const char *name, char *out, size_t len);
-/* Runs discovery in a forked child and fills p (name, descriptor, registrations). */
-void cf_discover(cf_plugin *p, double timeout_s);
-/* Adds the L0 and L1 tests. */
-void cf_add_l01(const cf_plugin *p);
-/* Adds the L2 tests (one per registration and mesh size). */
-void cf_add_l2(const cf_plugin *p);
-/* Adds the L3 tests (the model alone and with the other in-tree plugins). */
-void cf_add_l3(const cf_plugin *p);
 
 /* The n-th (0-based) job variant the L2 tests try for a registration: model 0 or 1, and the
  * plugin's keys at their defaults or one ENUM/BOOL key at another value. Returns false past the
  * last. Writes the [strategy.NAME] lines into extra. */
 bool cf_variant(const cf_plugin *p, int v, int *model, char *extra, size_t len);
 
-/* Formats like snprintf into msg and returns r, for one-line test bodies. */
-cf_result cf_say(char *msg, size_t len, cf_result r, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* An L2 test body for one job variant: `found` is the registration (tsr_op_rule,
+ * tsr_redistribute_rule, tsr_module_style or tsr_schedule) in that job's registry `reg`. */
+typedef cf_result (*cf_variant_body)(const cf_plugin *p, const cf_test *t, const void *found,
+                                     const tsr_registry_t *reg, char *msg, size_t len);
+/* Runs body on every job variant that registers test t's item with its dim of size n; the worst
+ * verdict wins (FAILED over PASS over NOTSUP), and a failure names its variant. */
+cf_result cf_over_variants(const cf_plugin *p, const cf_test *t, int n, cf_variant_body body,
+                           char *msg, size_t len);
 
-/* The L2 check of one schedule on `stages` stages over 1-6 microbatches (conform_l2_sched.c). */
-cf_result cf_schedule_check(const tsr_schedule *sched, int stages, char *msg, size_t len);
+/* ---- Discovery (conform_discover.c) ---- */
+
+/* True for a C identifier shorter than max characters. */
+bool cf_ident(const char *s, size_t max);
+/* dlopen + entry point of the plugin's file; NULL with the reason in msg. *handle stays open. */
+const tsr_strategy *cf_open_desc(const cf_plugin *p, void **handle, char *msg, size_t len);
+/* Runs discovery in a forked child and fills p (name, descriptor, registrations). */
+void cf_discover(cf_plugin *p, double timeout_s);
+/* L2.discovery: the plugin loads and registers something on its dims. */
+cf_result cf_discovery_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
+
+/* ---- The tests, by what they check ---- */
+
+/* Adds the L0 tests: loading and the ABI (conform_load.c). */
+void cf_add_load_tests(const cf_plugin *p);
+/* Adds the L1 tests: the callbacks' contract (conform_contract.c). */
+void cf_add_contract_tests(const cf_plugin *p);
+/* The L2 test of one op rule, redistribute transition or module style (t->item) on a mesh of
+ * t->n ranks, against dense references (conform_rules.c). */
+cf_result cf_op_rule_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
+cf_result cf_redistribute_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
+cf_result cf_style_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
+/* The L2 test of one schedule (t->item) on t->n stages over 1-6 microbatches
+ * (conform_schedules.c). */
+cf_result cf_schedule_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
+/* Adds the L3 tests: the model alone and with the other in-tree plugins (conform_model.c). */
+void cf_add_model_tests(const cf_plugin *p);
 
 int tsr_cmd_conform(int argc, char **argv);
 

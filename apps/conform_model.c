@@ -1,4 +1,4 @@
-/* `tessera conform`: L3, the Llama model end to end.
+/* `tessera conform`, level L3: the Llama model end to end.
  *
  * Each test runs the tiny model of cf_job_text's model 2 for one training step (forward, backward,
  * AdamW) twice through the training loop of `tessera run`: on one rank without plugins, and on a
@@ -151,7 +151,7 @@ static bool listed(const char *list, const char *name) {
   return false;
 }
 
-void cf_add_l3(const cf_plugin *p) {
+void cf_add_model_tests(const cf_plugin *p) {
   if (!p->name[0]) return;
   char req[256] = "";
   for (int i = 0; i < p->nrequired; i++)

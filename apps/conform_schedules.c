@@ -1,4 +1,4 @@
-/* `tessera conform`: L2 for pipeline schedules.
+/* `tessera conform`, level L2: the pipeline schedules the plugin registers.
  *
  * A schedule is a pure function (stages, microbatches, stage) -> actions, so it is checked
  * without ranks: every stage's list is run against the others' and must forward, backward and
@@ -133,7 +133,7 @@ static bool simulate(int S, int M, tsr_pipe_action (*acts)[L2_MAX_ACTIONS], cons
   return true;
 }
 
-cf_result cf_schedule_check(const tsr_schedule *sched, int stages, char *msg, size_t len) {
+static cf_result schedule_check(const tsr_schedule *sched, int stages, char *msg, size_t len) {
   static tsr_pipe_action acts[4][L2_MAX_ACTIONS];
   int nact[4], S = stages, ok = 0, refused = 0;
   char why[CF_MSG] = "";
@@ -168,4 +168,14 @@ cf_result cf_schedule_check(const tsr_schedule *sched, int stages, char *msg, si
     return cf_say(msg, len, CF_NOTSUP, "refuses every microbatch count 1-%d: %s", L2_MAX_MB, why);
   return cf_say(msg, len, CF_PASS, "%d microbatch counts consistent%s%s", ok,
                 refused ? "; refused: " : "", why);
+}
+
+static cf_result sched_body(const cf_plugin *p, const cf_test *t, const void *found,
+                            const tsr_registry_t *reg, char *msg, size_t len) {
+  (void)p, (void)reg;
+  return schedule_check(found, t->n, msg, len);
+}
+
+cf_result cf_schedule_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  return cf_over_variants(p, t, 1, sched_body, msg, len);
 }

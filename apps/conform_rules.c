@@ -1,9 +1,9 @@
-/* `tessera conform`: L2, each registration against a dense reference.
+/* `tessera conform`, level L2: the numerics of op rules, module styles and redistribute
+ * transitions, each against a dense reference.
  *
- * For every op rule, redistribute transition, module style and schedule the plugin registers,
- * and every mesh of 1-4 ranks along the dim it registered on, the test loads a job whose mesh is
- * that dim alone, finds the registration again in every job variant of cf_variant that registers
- * it, and runs ranks of the local backend on it:
+ * For every op rule, redistribute transition and module style the plugin registers, and every
+ * mesh of 1-4 ranks along the dim it registered on, the test loads each job variant of
+ * cf_variant that registers it (cf_over_variants) and runs ranks of the local backend on it:
  *   op rule     inputs placed as the rule says, the op through the registry, against the op on
  *               replicated inputs in a rank without any plugin (the dense reference): output,
  *               output placement, and the gradient of every float input for a random output
@@ -11,13 +11,11 @@
  *   transition  each (src, dst) pair its match() accepts: Replicate -> src -> dst -> Replicate
  *               gives the tensor back exactly, and so does the adjoint of src -> dst;
  *   style       the module (linear, embedding, rmsnorm, attention, mlp) with parameters, input
- *               and output placed by the style, against the dense module, forward and backward;
- *   schedule    every stage's action list for 1-4 stages and 1-6 microbatches: each microbatch
- *               forward then backward once per stage, sends matching receives, no deadlock
- *               (conform_l2_sched.c).
+ *               and output placed by the style, against the dense module, forward and backward.
  * Shapes come in an uneven variant (7, 11, 13: torch.chunk leaves no rank empty) and even ones.
  * A rule may refuse a shape with EINVAL or ENOTSUP; one that refuses every shape tried is
- * NOTSUP, a wrong number or any other failure is FAILED.
+ * NOTSUP, a wrong number or any other failure is FAILED. Schedules, the other L2 registration,
+ * are conform_schedules.c.
  */
 #include <math.h>
 #include <stdio.h>
@@ -340,49 +338,6 @@ cleanup:
   return st;
 }
 
-/* ---- Finding the registration again ---- */
-
-typedef struct l2_job {
-  tsr_config *cfg;
-  tsr_registry_t *reg;
-  tsr_plugin_set_t *set;
-} l2_job;
-
-/* Loads the first job variant, with the item's dim of size n, whose registry has the item. */
-static const void *find_item(const cf_plugin *p, const cf_item *it, int n, int *variant,
-                             l2_job *job) {
-  char load[512], extra[512], text[8192];
-  cf_load_list(p, load, sizeof load);
-  int model;
-  for (int v = *variant; cf_variant(p, v, &model, extra, sizeof extra); v++) {
-    *variant = v + 1;
-    const char *dims[1] = {it->dim};
-    int shape[1] = {n};
-    cf_job_text(text, sizeof text, it->kind == CF_ITEM_SCHED ? 0 : 1, dims, shape, load, model,
-                "train", extra);
-    if (cf_job_load(text, &job->cfg, &job->reg, &job->set) != TSR_OK) continue;
-    const tsr_registry_t *reg = job->reg;
-    for (int i = 0; it->kind == CF_ITEM_OP && i < tsr_registry_op_rule_count(reg); i++) {
-      const tsr_op_rule *r = tsr_registry_op_rule_at(reg, i);
-      if (!strcmp(r->name, it->name) && !strcmp(r->op, it->op)) return r;
-    }
-    for (int i = 0; it->kind == CF_ITEM_REDIST && i < tsr_registry_redistribute_count(reg); i++)
-      if (!strcmp(tsr_registry_redistribute_at(reg, i)->name, it->name))
-        return tsr_registry_redistribute_at(reg, i);
-    if (it->kind == CF_ITEM_STYLE) {
-      const tsr_module_style *s = tsr_registry_find_module_style(reg, it->name, it->dim);
-      if (s && s->owner && !strcmp(s->owner, p->name)) return s;
-    }
-    if (it->kind == CF_ITEM_SCHED) {
-      const tsr_schedule *s = tsr_registry_find_schedule(reg, it->name);
-      if (s) return s;
-    }
-    cf_job_free(job->cfg, job->reg, job->set);
-  }
-  memset(job, 0, sizeof *job);
-  return NULL;
-}
-
 /* A refusal is EINVAL or ENOTSUP with a message beyond the launcher's "rank R: " prefix. */
 static bool refusal(tsr_status st) {
   const char *e = tsr_last_error();
@@ -424,50 +379,6 @@ static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
   return cf_say(msg, len, CF_PASS, "%d shapes match", computed);
 }
 
-/* Runs one L2 case body on every job variant that registers the item; the worst verdict wins
- * (FAILED over PASS over NOTSUP). */
-typedef cf_result (*l2_body)(const cf_plugin *p, const cf_test *t, const void *found,
-                             const tsr_registry_t *reg, char *msg, size_t len);
-
-static cf_result over_variants(const cf_plugin *p, const cf_test *t, int n, l2_body body, char *msg,
-                               size_t len) {
-  const cf_item *it = &p->items[t->item];
-  int v = 0, jobs = 0;
-  cf_result best = CF_NOTSUP;
-  char keep[CF_MSG] = "";
-  l2_job job;
-  const void *found;
-  while ((found = find_item(p, it, n, &v, &job))) {
-    char m[CF_MSG] = "";
-    cf_result r = body(p, t, found, job.reg, m, sizeof m);
-    cf_job_free(job.cfg, job.reg, job.set);
-    jobs++;
-    if (r == CF_FAIL) {
-      /* name the job variant: its [strategy.NAME] lines, or the model it used */
-      char extra[512], keys[512] = "";
-      int model;
-      cf_variant(p, v - 1, &model, extra, sizeof extra);
-      size_t o = 0;
-      for (char *sv = NULL, *line = strtok_r(extra, "\n", &sv); line && o < sizeof keys;
-           line = strtok_r(NULL, "\n", &sv))
-        if (line[0] != '[')
-          o += (size_t)snprintf(keys + o, sizeof keys - o, "%s%s", o ? ", " : "", line);
-      return cf_say(msg, len, CF_FAIL, "%s (job variant: %s%s%s)", m,
-                    model ? "1 kv head" : "kv heads split", keys[0] ? ", " : "", keys);
-    }
-    /* a PASS outranks a NOTSUP; the first message of the best verdict is kept */
-    if (r == CF_PASS && best == CF_NOTSUP) keep[0] = '\0';
-    if (r == CF_PASS) best = r;
-    if (!keep[0] && r == best) snprintf(keep, sizeof keep, "%s", m);
-  }
-  if (!jobs)
-    return cf_say(msg, len, CF_NOTSUP, "not registered on a job with %s = %d",
-                  it->kind == CF_ITEM_SCHED ? "pp" : it->dim, n);
-  char tail[64] = "";
-  if (jobs > 1) snprintf(tail, sizeof tail, " (each of %d job variants)", jobs);
-  return cf_say(msg, len, best, "%s%s", keep, tail);
-}
-
 static cf_result op_body(const cf_plugin *p, const cf_test *t, const void *found,
                          const tsr_registry_t *reg, char *msg, size_t len) {
   const cf_item *it = &p->items[t->item];
@@ -478,8 +389,8 @@ static cf_result op_body(const cf_plugin *p, const cf_test *t, const void *found
   return run_shapes(&c, t->n, msg, len);
 }
 
-static cf_result l2_op(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
-  return over_variants(p, t, t->n, op_body, msg, len);
+cf_result cf_op_rule_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  return cf_over_variants(p, t, t->n, op_body, msg, len);
 }
 
 static const char *style_op(const char *style) {
@@ -509,10 +420,10 @@ static cf_result style_body(const cf_plugin *p, const cf_test *t, const void *fo
   return run_shapes(&c, t->n, msg, len);
 }
 
-static cf_result l2_style(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+cf_result cf_style_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   const cf_item *it = &p->items[t->item];
   if (!style_op(it->name)) return cf_say(msg, len, CF_NOTSUP, "no module for style '%s'", it->name);
-  return over_variants(p, t, t->n, style_body, msg, len);
+  return cf_over_variants(p, t, t->n, style_body, msg, len);
 }
 
 /* ---- Redistribute transitions ---- */
@@ -665,59 +576,6 @@ static cf_result redist_body(const cf_plugin *p, const cf_test *t, const void *f
   return res;
 }
 
-static cf_result l2_redist_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
-  return over_variants(p, t, t->n, redist_body, msg, len);
-}
-
-static cf_result sched_body(const cf_plugin *p, const cf_test *t, const void *found,
-                            const tsr_registry_t *reg, char *msg, size_t len) {
-  (void)p, (void)reg;
-  return cf_schedule_check(found, t->n, msg, len);
-}
-
-static cf_result l2_schedule(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
-  return over_variants(p, t, 1, sched_body, msg, len);
-}
-
-/* ---- The test list ---- */
-
-/* What discovery found: a plugin that loads but registers nothing has no L2 to pass. */
-static cf_result l2_discovery(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
-  (void)t;
-  if (!p->loaded)
-    return cf_say(msg, len, CF_FAIL, "discovery could not load it: %s",
-                  p->load_msg[0] ? p->load_msg
-                  : !p->name[0]  ? "the file is not named libtessera-<name>.so"
-                                 : "the descriptor could not be read");
-  int count[4] = {0};
-  for (int i = 0; i < p->nitems; i++) count[p->items[i].kind]++;
-  if (!p->nitems)
-    return cf_say(msg, len, CF_NOTSUP,
-                  "registers no op rule, transition, module style or "
-                  "schedule on its dims");
-  if (p->items_dropped)
-    return cf_say(msg, len, CF_NOTSUP, "%d registrations found; the suite tests the first %d",
-                  p->nitems + p->items_dropped, CF_MAX_ITEMS);
-  return cf_say(msg, len, CF_PASS, "%d op rules, %d transitions, %d module styles, %d schedules",
-                count[CF_ITEM_OP], count[CF_ITEM_REDIST], count[CF_ITEM_STYLE],
-                count[CF_ITEM_SCHED]);
-}
-
-void cf_add_l2(const cf_plugin *p) {
-  static const char *const kinds[] = {"op", "redistribute", "style", "schedule"};
-  static const cf_test_fn fns[] = {l2_op, l2_redist_test, l2_style, l2_schedule};
-  cf_add_test("L2.discovery", 2, l2_discovery, -1, 0, NULL);
-  for (int i = 0; i < p->nitems; i++) {
-    const cf_item *it = &p->items[i];
-    for (int n = 1; n <= 4; n++) {
-      char name[160];
-      if (it->kind == CF_ITEM_SCHED)
-        snprintf(name, sizeof name, "L2.schedule.%s.stages=%d", it->name, n);
-      else if (it->kind == CF_ITEM_OP)
-        snprintf(name, sizeof name, "L2.op.%s.%s=%d", it->name, it->dim, n);
-      else
-        snprintf(name, sizeof name, "L2.%s.%s.%s=%d", kinds[it->kind], it->name, it->dim, n);
-      cf_add_test(name, 2, fns[it->kind], i, n, NULL);
-    }
-  }
+cf_result cf_redistribute_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  return cf_over_variants(p, t, t->n, redist_body, msg, len);
 }
