@@ -35,7 +35,7 @@ typedef struct tsr_train_step_stats {
   bool train;
 } tsr_train_step_stats;
 
-/* FLOPs of training on one token, as DESIGN §8 counts them: 6·N + 6·L·h·s, with N the
+/* FLOPs of training on one token, as docs/design.md §8 counts them: 6·N + 6·L·h·s, with N the
  * parameters that take part in matrix products (the input embedding is a lookup, so it counts
  * only when tied to the output projection). */
 double tsr_train_flops_per_token(const tsr_llama_config *m, int64_t seq_len);

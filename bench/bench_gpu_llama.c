@@ -11,8 +11,9 @@
  * It is not the `tessera run` path: the core's ops and the strategy plugins do not dispatch to
  * CUDA yet (docs/cuda.md), so this measures what the kernels and cuBLAS deliver for the model.
  *
- * FLOPs per token are 6·N + 6·L·h·s (DESIGN §8) with N the parameters in matrix products (the
- * embedding lookup does none); MFU is achieved FLOP/s over the bf16 GEMM peak measured here.
+ * FLOPs per token are 6·N + 6·L·h·s (docs/design.md §8) with N the parameters in matrix
+ * products (the embedding lookup does none); MFU is achieved FLOP/s over the bf16 GEMM peak
+ * measured here.
  *
  *   bench_gpu_llama [--preset 1b|tiny] [--steps N] [--engine gpu-bf16|gpu-f32|cpu]
  *                   [--attn gemm|kernel]   GPU attention: batched cuBLAS GEMMs (default) or the

@@ -9,9 +9,10 @@
  * (tsr_kernel_profile_*: GEMM, attention, cross-entropy, the per-token layers, the optimizer) with
  * what is left outside kernels (op layer: allocation, zeroing, copies, tape).
  *
- * FLOPs per token are 6·N + 6·L·h·s (DESIGN §8) with N the parameters in matrix products: the
- * input embedding is a lookup and is left out (`tessera run` counts the same way). The PyTorch
- * peer (bench/pytorch_llama.py) counts N with the embedding, so compare tokens/s, not GFLOP/s.
+ * FLOPs per token are 6·N + 6·L·h·s (docs/design.md §8) with N the parameters in matrix
+ * products: the input embedding is a lookup and is left out (`tessera run` counts the same
+ * way). The PyTorch peer (bench/pytorch_llama.py) counts N with the embedding, so compare
+ * tokens/s, not GFLOP/s.
  *
  *   bench_train [--steps N] [--threads T]     defaults: 3 timed steps after 1 warm-up, 2 threads
  * The last line is machine-readable: bench_train tokens_per_s=... step_s=... gflops=... mfu=...

@@ -5,7 +5,7 @@ Runs the reference Llama of tests/golden/llama_ref.py (the model the golden data
 from) in float32 on the CPU and times whole training steps: forward, cross-entropy,
 backward, clip_grad_norm_ and one AdamW step, as Tessera's step does.
 
-FLOPs per step follow DESIGN.md section 8: (6*N + 6*L*h*s) * tokens, where N counts ALL
+FLOPs per step follow docs/design.md section 8: (6*N + 6*L*h*s) * tokens, where N counts ALL
 parameters (embedding and lm_head included, a tied matrix once), L = layers, h = hidden,
 s = seq_len and tokens = batch * seq_len.  6*N is the matmul work of forward plus backward
 (the embedding lookup does none, so N slightly overstates it); 6*L*h*s is causal

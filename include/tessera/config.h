@@ -1,4 +1,4 @@
-/* The job file: an INI file (DESIGN.md §5) parsed into a plain struct.
+/* The job file: an INI file (docs/design.md §6) parsed into a plain struct.
  *
  * One table (tsr_config_schema_at) lists every key of every core section with its type, range,
  * default and description. The parser, the defaults, the error messages and docs/ini-reference.md

@@ -44,7 +44,8 @@ CHECK_RTOL, CHECK_ATOL = 1e-4, 1e-5
 OPT = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_norm=1.0)
 
 # Each case exercises something the others do not:
-#   gqa     grouped-query attention (2 q heads per kv head), the DESIGN.md example model
+#   gqa     grouped-query attention (2 q heads per kv head), the example model of
+#           docs/design.md section 6
 #   uneven  sizes that split unevenly (vocab 250, hidden 48, intermediate 100, 3 layers,
 #           3 q heads per kv head), a tiny eps and a large RoPE base
 #   tied    tie_word_embeddings (one matrix, two gradient contributions) with plain MHA
