@@ -1,4 +1,5 @@
 /* Files of the training loop: checkpoints in and out, and the first-step dump. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -63,6 +64,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16];
   tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
   tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;
+  char *model_file = NULL;
   tsr_status st = TSR_OK;
   const char *ignore[16];
   int nignore = 0;
@@ -71,8 +73,26 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   /* Tied models have no lm_head parameter; HF checkpoints of them may still store the copy. */
   if (cfg->model.tie_word_embeddings) ignore[nignore++] = "lm_head.weight";
   tsr_checkpoint_opts opts = {nignore, ignore};
+  TSR_CHECK_GOTO(tsr_checkpoint_optim_path(path, optim, sizeof optim), st);
+  /* With the optimizer file beside it, the two must be one save's (or the model file that save
+   * left as a temporary when it was killed between its two renames). */
+  bool has_optim = access(optim, F_OK) == 0;
+  if (has_optim) {
+    st = tsr_checkpoint_pair(path, optim, &model_file);
+    if (st != TSR_OK) {
+      st = tsr_error_prefix(st, "%s:%d: [checkpoint] load", cfg->path,
+                            tsr_config_line(cfg, "checkpoint", "load"));
+      goto cleanup;
+    }
+    if (strcmp(model_file, path) && tsr_rank_id(t->r) == 0)
+      fprintf(t->opts->out ? t->opts->out : stdout,
+              "checkpoint: the save of %s was killed before it renamed %s into place; loading "
+              "its complete model file %s\n",
+              optim, path, model_file);
+  }
   TSR_CHECK_GOTO(alloc_full(t, &full), st);
-  st = tsr_checkpoint_load_model(path, t->nparams, t->names, full, &opts);
+  st = tsr_checkpoint_load_model(model_file ? model_file : path, t->nparams, t->names, full,
+                                 &opts);
   if (st != TSR_OK) {
     st = tsr_error_prefix(st, "%s:%d: [checkpoint] load", cfg->path,
                           tsr_config_line(cfg, "checkpoint", "load"));
@@ -85,8 +105,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   for (int i = t->nparams; i < t->nopt && src >= 0; i++)
     TSR_CHECK_GOTO(scatter_into(t, t->params[i]->value, full[src], t->params[i]->value), st);
 
-  TSR_CHECK_GOTO(tsr_checkpoint_optim_path(path, optim, sizeof optim), st);
-  if (access(optim, F_OK) != 0) goto cleanup; /* weights only: a fresh optimizer */
+  if (!has_optim) goto cleanup; /* weights only: a fresh optimizer */
   int64_t step = 0;
   TSR_CHECK_GOTO(alloc_full(t, &ea), st);
   TSR_CHECK_GOTO(alloc_full(t, &eas), st);
@@ -112,6 +131,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   t->start_step = step;
   *resumed = true;
 cleanup:
+  free(model_file);
   free_full(full, t->nparams);
   free_full(ea, t->nparams);
   free_full(eas, t->nparams);

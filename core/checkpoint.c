@@ -1,10 +1,12 @@
 /* Checkpoints: a Hugging Face-compatible model file and a Tessera optimizer file. */
+#include <dirent.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io_internal.h"
 
@@ -75,6 +77,62 @@ static tsr_status check_list(const char *what, int n, const char *const *names,
   return TSR_OK;
 }
 
+/* ---- the checkpoint id ---- */
+
+/* 64-bit mixing hash over 8-byte words (FNV-style step, then a finaliser): fast enough to run over
+ * a whole checkpoint before writing it. Not cryptographic: it tells saves apart. */
+static uint64_t mix(uint64_t h, uint64_t w) {
+  return (h ^ w) * 0x100000001b3ull + (h >> 29);
+}
+
+static uint64_t hash_bytes(uint64_t h, const unsigned char *p, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    memcpy(&w, p + i, 8);
+    h = mix(h, w);
+  }
+  uint64_t tail = 0;
+  for (size_t k = 0; i + k < n; k++) tail |= (uint64_t)p[i + k] << (8 * k);
+  return mix(h, tail ^ (uint64_t)n << 56);
+}
+
+static tsr_status hash_tensors(uint64_t *h, int n, const char *const *names,
+                               const tsr_tensor *const *ts) {
+  for (int i = 0; i < n; i++) {
+    const tsr_tensor *t = ts[i];
+    *h = hash_bytes(*h, (const unsigned char *)names[i], strlen(names[i]));
+    *h = mix(*h, (uint64_t)t->dtype << 32 | (uint64_t)t->ndim);
+    for (int d = 0; d < t->ndim; d++) *h = mix(*h, (uint64_t)t->shape[d]);
+    if (tsr_tensor_device(t).kind == TSR_DEVICE_CPU && tsr_tensor_is_contiguous(t)) {
+      *h = hash_bytes(*h, tsr_tensor_data(t), tsr_tensor_nbytes(t));
+      continue;
+    }
+    tsr_tensor *c = NULL; /* a strided or device tensor is hashed from a contiguous host copy */
+    tsr_status s = tsr_tensor_to(t, NULL, &c);
+    if (s != TSR_OK) return tsr_error_prefix(s, "checkpoint: tensor '%s'", names[i]);
+    *h = hash_bytes(*h, tsr_tensor_data(c), tsr_tensor_nbytes(c));
+    tsr_tensor_free(c);
+  }
+  return TSR_OK;
+}
+
+/* The id both files of a save carry: a hash of the step and of every name, shape and byte of
+ * both. A function of the contents, so that saving the same state twice gives the same bytes. */
+static tsr_status checkpoint_id(int64_t step, int n, const char *const *names,
+                                const tsr_tensor *const *params, const char *const *onames,
+                                const tsr_tensor *const *otensors, char *out, size_t len) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  h = mix(h, (uint64_t)step);
+  TSR_CHECK(hash_tensors(&h, n, names, params));
+  TSR_CHECK(hash_tensors(&h, 2 * n, onames, otensors));
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  snprintf(out, len, "%016llx", (unsigned long long)h);
+  return TSR_OK;
+}
+
 tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, int n,
                                const char *const *names, const tsr_tensor *const *params,
                                const tsr_tensor *const *exp_avg,
@@ -87,13 +145,13 @@ tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, i
   char step_str[32];
   snprintf(step_str, sizeof step_str, "%" PRId64, step);
   /* transformers refuses safetensors whose "format" is not one of its frameworks. */
-  const char *mkeys[2] = {"format", "step"}, *mvals[2] = {"pt", step_str};
+  const char *mkeys[3] = {"format", "step", "checkpoint"}, *mvals[3] = {"pt", step_str, NULL};
   if (!exp_avg) return tsr_safetensors_save(model_path, n, names, params, 2, mkeys, mvals);
 
   TSR_CHECK(check_list(model_path, n, names, (const void *const *)exp_avg));
   TSR_CHECK(check_list(model_path, n, names, (const void *const *)exp_avg_sq));
   tsr_status s = TSR_OK;
-  char *derived = NULL, **onames = NULL;
+  char *derived = NULL, **onames = NULL, *otmp = NULL, *mtmp = NULL;
   const tsr_tensor **otensors = NULL;
   if (!optim_path) {
     size_t len = strlen(model_path) + sizeof optim_suffix;
@@ -111,17 +169,124 @@ tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, i
     otensors[i] = exp_avg[i];
     otensors[n + i] = exp_avg_sq[i];
   }
-  const char *okeys[2] = {"format", "step"}, *ovals[2] = {TSR_CHECKPOINT_OPTIM_FORMAT, step_str};
-  /* Model file last: its presence means the optimizer file beside it is complete. */
-  TSR_CHECK_GOTO(tsr_safetensors_save(optim_path, 2 * n, (const char *const *)onames, otensors, 2,
-                                      okeys, ovals),
+  char id[32];
+  TSR_CHECK_GOTO(checkpoint_id(step, n, names, params, (const char *const *)onames, otensors, id,
+                               sizeof id),
                  s);
-  TSR_CHECK_GOTO(tsr_safetensors_save(model_path, n, names, params, 2, mkeys, mvals), s);
+  mvals[2] = id;
+  const char *okeys[3] = {"format", "step", "checkpoint"},
+             *ovals[3] = {TSR_CHECKPOINT_OPTIM_FORMAT, step_str, id};
+  /* Both files complete and synced under temporary names before either is published: a failed
+   * or killed write leaves the previous pair as it was. The optimizer file is published first
+   * and is the commit point: once it is in place the model temporary is complete, and a load
+   * that finds the pair split by a crash between the two renames takes that temporary
+   * (tsr_checkpoint_pair). */
+  TSR_CHECK_GOTO(tsr_st_write_temp(optim_path, 2 * n, (const char *const *)onames, otensors, 3,
+                                   okeys, ovals, &otmp),
+                 s);
+  TSR_CHECK_GOTO(tsr_st_write_temp(model_path, n, names, params, 3, mkeys, mvals, &mtmp), s);
+  s = tsr_st_publish(otmp, optim_path);
+  free(otmp);
+  otmp = NULL;
+  if (s != TSR_OK) goto cleanup;
+  s = tsr_st_publish(mtmp, model_path);
+  free(mtmp);
+  mtmp = NULL;
+  if (s != TSR_OK) goto cleanup;
+  tsr_st_remove_stale(optim_path);
+  tsr_st_remove_stale(model_path);
 cleanup:
+  if (otmp) unlink(otmp);
+  if (mtmp) unlink(mtmp);
+  free(otmp);
+  free(mtmp);
   free(otensors);
   free_names(onames, 2 * n);
   free(derived);
   return s;
+}
+
+/* ---- pairing the two files ---- */
+
+typedef struct pair_meta {
+  char step[32], id[32];
+  bool has_id;
+} pair_meta;
+
+static tsr_status read_pair_meta(const char *path, pair_meta *m) {
+  memset(m, 0, sizeof *m);
+  tsr_safetensors_t *st = NULL;
+  TSR_CHECK(tsr_safetensors_open(path, &st));
+  const char *step = tsr_safetensors_meta(st, "step"), *id = tsr_safetensors_meta(st, "checkpoint");
+  snprintf(m->step, sizeof m->step, "%s", step ? step : "none");
+  snprintf(m->id, sizeof m->id, "%s", id ? id : "none");
+  m->has_id = id != NULL;
+  tsr_safetensors_close(st);
+  return TSR_OK;
+}
+
+static bool same_save(const pair_meta *a, const pair_meta *b) {
+  return !strcmp(a->step, b->step) && !strcmp(a->id, b->id);
+}
+
+/* A complete temporary of `model_path` (left by a save killed between its two renames) that
+ * belongs to the save of `want`; malloc'd path in *out, NULL when there is none. */
+static void find_model_temp(const char *model_path, const pair_meta *want, char **out) {
+  *out = NULL;
+  const char *slash = strrchr(model_path, '/');
+  size_t dl = slash ? (size_t)(slash - model_path) + 1 : 0;
+  char *dir = malloc(dl + 2);
+  if (!dir) return;
+  if (dl)
+    memcpy(dir, model_path, dl);
+  else
+    dir[dl++] = '.';
+  dir[dl] = '\0';
+  DIR *d = opendir(dir);
+  free(dir);
+  if (!d) return;
+  struct dirent *e;
+  while (!*out && (e = readdir(d))) {
+    if (!tsr_st_temp_of(model_path, e->d_name, NULL)) continue;
+    size_t len = (slash ? (size_t)(slash - model_path) + 1 : 0) + strlen(e->d_name) + 1;
+    char *p = malloc(len);
+    if (!p) break;
+    snprintf(p, len, "%.*s%s", slash ? (int)(slash - model_path) + 1 : 0, model_path, e->d_name);
+    pair_meta m;
+    if (read_pair_meta(p, &m) == TSR_OK && m.has_id && same_save(&m, want))
+      *out = p;
+    else
+      free(p);
+  }
+  closedir(d);
+  tsr_clear_error();
+}
+
+tsr_status tsr_checkpoint_pair(const char *model_path, const char *optim_path, char **model_out) {
+  *model_out = NULL;
+  pair_meta om, mm;
+  TSR_CHECK(read_pair_meta(optim_path, &om));
+  tsr_status s = read_pair_meta(model_path, &mm);
+  if (s == TSR_OK && same_save(&mm, &om)) goto found;
+  tsr_status model_st = s;
+  char *tmp = NULL;
+  if (om.has_id) find_model_temp(model_path, &om, &tmp);
+  if (tmp) {
+    *model_out = tmp;
+    return TSR_OK;
+  }
+  if (model_st != TSR_OK) return model_st;
+  return TSR_ERROR(TSR_EINVAL,
+                   "%s (step %s, checkpoint %s) and %s (step %s, checkpoint %s) are not one "
+                   "checkpoint: they come from different saves, or a save was cut short; load "
+                   "the model file alone (remove or move the optimizer file) or restore the "
+                   "optimizer file that was saved with it",
+                   model_path, mm.step, mm.id, optim_path, om.step, om.id);
+found:
+  *model_out = malloc(strlen(model_path) + 1);
+  if (!*model_out) return TSR_ERROR(TSR_ENOMEM, "%s: out of memory", model_path);
+  strcpy(*model_out, model_path);
+  return TSR_OK;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -183,6 +348,7 @@ static tsr_status load_all(const tsr_safetensors_t *st, int n, const char *const
       goto cleanup;
     }
     TSR_CHECK_GOTO(tsr_safetensors_check_into(st, names[i], dst[i], true), s);
+    TSR_CHECK_GOTO(tsr_safetensors_check_finite(st, names[i]), s);
   }
   TSR_CHECK_GOTO(check_extras(st, sorted, n, opts), s);
   for (int i = 0; i < n; i++)

@@ -30,4 +30,25 @@ int tsr_st_dtype_from_tsr(tsr_dtype dt);
 /* The format is little-endian and the reader and writer copy raw bytes. */
 bool tsr_st_host_is_little_endian(void);
 
+/* ---- writing in two steps (safetensors_write.c) ---- */
+
+/* Writes the file tsr_safetensors_save would write to a new temporary `path.tmp.<pid>.<random>`
+ * beside `path`, synced, and gives its name (malloc'd) in *tmp; nothing is published. On failure
+ * the temporary is removed. */
+tsr_status tsr_st_write_temp(const char *path, int n, const char *const *names,
+                             const tsr_tensor *const *tensors, int nmeta,
+                             const char *const *meta_keys, const char *const *meta_values,
+                             char **tmp);
+/* Renames `tmp` over `path` and syncs the directory; on failure removes `tmp`. */
+tsr_status tsr_st_publish(const char *tmp, const char *path);
+/* True when the directory entry `name` is a temporary of `path` (`BASE.tmp.<pid>.<8 hex>`, BASE
+ * the last component of `path`); `*pid` (may be NULL) gets the writer's pid. */
+bool tsr_st_temp_of(const char *path, const char *name, long *pid);
+/* Removes the temporaries of `path` left by writers that are no longer running (killed in the
+ * middle of a save). Those of live processes are kept. */
+void tsr_st_remove_stale(const char *path);
+
+/* Fails naming the tensor and the element when a float tensor `name` holds NaN or Inf. */
+tsr_status tsr_safetensors_check_finite(const tsr_safetensors_t *st, const char *name);
+
 #endif

@@ -2,6 +2,7 @@
  * until it is asked for. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,14 +309,22 @@ tsr_status tsr_safetensors_open(const char *path, tsr_safetensors_t **out) {
     free(st);
     return TSR_ERROR(TSR_ENOMEM, "%s: out of memory opening the file", path);
   }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     s = TSR_ERROR(TSR_EIO, "%s: cannot open: %s", path, strerror(errno));
     goto cleanup;
   }
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    s = TSR_ERROR(TSR_EIO, "%s: not a regular file", path);
+  if (fstat(fd, &sb) != 0) {
+    s = TSR_ERROR(TSR_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    goto cleanup;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    s = TSR_ERROR(TSR_EIO, "%s: not a regular file (%s); give a safetensors file", path,
+                  S_ISDIR(sb.st_mode)    ? "a directory"
+                  : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                                         : "a device or socket");
     goto cleanup;
   }
   uint64_t size = (uint64_t)sb.st_size;
@@ -533,6 +542,37 @@ tsr_status tsr_safetensors_check_into(const tsr_safetensors_t *st, const char *n
     return TSR_ERROR(TSR_EINVAL, "%s: tensor '%s' is %s, expected %s (read_as converts)", st->path,
                      name, tsr_dtype_name(from), tsr_dtype_name(dst->dtype));
   TSR_CHECK(check_convertible(st, e, from, dst->dtype));
+  return TSR_OK;
+}
+
+tsr_status tsr_safetensors_check_finite(const tsr_safetensors_t *st, const char *name) {
+  const st_entry *e;
+  tsr_dtype dt = TSR_F32;
+  TSR_CHECK(find_or_fail(st, name, &e));
+  TSR_CHECK(tensor_dtype(st, e, &dt));
+  if (!is_float(dt)) return TSR_OK;
+  size_t es = tsr_dtype_size(dt);
+  uint64_t n = (e->end - e->begin) / es;
+  const unsigned char *p = st->data + e->begin;
+  for (uint64_t i = 0; i < n; i++) {
+    /* all exponent bits set: Inf or NaN, in each of the three formats */
+    bool bad;
+    if (dt == TSR_F32) {
+      uint32_t u;
+      memcpy(&u, p + i * 4, 4);
+      bad = (u & 0x7f800000u) == 0x7f800000u;
+    } else {
+      uint16_t u;
+      memcpy(&u, p + i * 2, 2);
+      bad = dt == TSR_BF16 ? (u & 0x7f80u) == 0x7f80u : (u & 0x7c00u) == 0x7c00u;
+    }
+    if (bad)
+      return TSR_ERROR(TSR_EINVAL,
+                       "%s: tensor '%s' holds %s at element %llu: a checkpoint must be finite "
+                       "(it was saved from a diverged run or is damaged); load an earlier one",
+                       st->path, name, isnan(load_float(p + i * es, dt)) ? "NaN" : "Inf",
+                       (unsigned long long)i);
+  }
   return TSR_OK;
 }
 

@@ -1,5 +1,7 @@
 /* Safetensors writer: temporary file, fsync, rename. */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,11 +157,15 @@ static tsr_status build_header(const char *path, int n, const char *const *names
   return TSR_OK;
 }
 
-/* Creates `path.tmp.<pid>.<random>` exclusively, so that two writers never share one. */
+/* Creates `path.tmp.<pid>.<random>` exclusively, so that two writers never share one. The file
+ * takes the mode of an existing `path` (replacing a file keeps its permissions); a new one gets
+ * 0666 less the umask, as any created file. */
 static tsr_status create_temp(const char *path, char **tmp_out, int *fd_out) {
   size_t len = strlen(path) + 64;
   char *tmp = malloc(len);
   if (!tmp) return TSR_ERROR(TSR_ENOMEM, "%s: out of memory", path);
+  struct stat old;
+  bool keep_mode = stat(path, &old) == 0 && S_ISREG(old.st_mode);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   /* Time, pid and a stack address mixed: distinct across processes and threads. */
@@ -172,8 +178,17 @@ static tsr_status create_temp(const char *path, char **tmp_out, int *fd_out) {
     z ^= z >> 31;
     snprintf(tmp, len, "%s.tmp.%ld.%08llx", path, (long)getpid(),
              (unsigned long long)(z & 0xffffffffu));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
+      if (keep_mode && fchmod(fd, old.st_mode & 07777) != 0) {
+        tsr_status s = TSR_ERROR(TSR_EIO, "%s: cannot give %s the mode %04o of the file it "
+                                          "replaces: %s",
+                                 path, tmp, (unsigned)(old.st_mode & 07777), strerror(errno));
+        close(fd);
+        unlink(tmp);
+        free(tmp);
+        return s;
+      }
       *tmp_out = tmp;
       *fd_out = fd;
       return TSR_OK;
@@ -211,22 +226,24 @@ static tsr_status write_tensor(FILE *f, const char *path, const char *tmp, const
   return s;
 }
 
+/* The directory part of `path` ("." without one), malloc'd; NULL when out of memory. */
+static char *parent_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  size_t n = !slash ? 1 : slash == path ? 1 : (size_t)(slash - path);
+  char *dir = malloc(n + 1);
+  if (!dir) return NULL;
+  if (!slash)
+    dir[0] = '.';
+  else
+    memcpy(dir, path, n);
+  dir[n] = '\0';
+  return dir;
+}
+
 /* Makes the rename itself durable. Best effort: some file systems refuse fsync on directories,
  * and the data is already safe in the file. */
 static void sync_parent_dir(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir = NULL;
-  if (!slash) {
-    dir = malloc(2);
-    if (dir) strcpy(dir, ".");
-  } else {
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    dir = malloc(n + 1);
-    if (dir) {
-      memcpy(dir, path, n);
-      dir[n] = '\0';
-    }
-  }
+  char *dir = parent_dir(path);
   if (!dir) return;
   int fd = open(dir, O_RDONLY | O_CLOEXEC);
   if (fd >= 0) {
@@ -236,9 +253,48 @@ static void sync_parent_dir(const char *path) {
   free(dir);
 }
 
-tsr_status tsr_safetensors_save(const char *path, int n, const char *const *names,
-                                const tsr_tensor *const *tensors, int nmeta,
-                                const char *const *meta_keys, const char *const *meta_values) {
+bool tsr_st_temp_of(const char *path, const char *name, long *pid) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  size_t bl = strlen(base);
+  if (strncmp(name, base, bl) != 0 || strncmp(name + bl, ".tmp.", 5) != 0) return false;
+  const char *p = name + bl + 5;
+  char *end;
+  errno = 0;
+  long v = strtol(p, &end, 10);
+  if (errno || end == p || v <= 0 || *end != '.') return false;
+  p = end + 1;
+  for (int i = 0; i < 8; i++)
+    if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) return false;
+  if (p[8]) return false;
+  if (pid) *pid = v;
+  return true;
+}
+
+void tsr_st_remove_stale(const char *path) {
+  char *dir = parent_dir(path);
+  if (!dir) return;
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    long self = (long)getpid();
+    while ((e = readdir(d))) {
+      long pid = 0;
+      if (!tsr_st_temp_of(path, e->d_name, &pid) || pid == self) continue;
+      /* only a writer that is gone: a live one may be another job saving beside this one */
+      if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+      (void)unlinkat(dirfd(d), e->d_name, 0);
+    }
+    closedir(d);
+  }
+  free(dir);
+}
+
+tsr_status tsr_st_write_temp(const char *path, int n, const char *const *names,
+                             const tsr_tensor *const *tensors, int nmeta,
+                             const char *const *meta_keys, const char *const *meta_values,
+                             char **tmp_out) {
+  *tmp_out = NULL;
   if (!path) return TSR_ERROR(TSR_EINVAL, "safetensors save: NULL path");
   if (!tsr_st_host_is_little_endian())
     return TSR_ERROR(TSR_ENOTSUP, "%s: safetensors data is little-endian and this host is not",
@@ -277,12 +333,7 @@ tsr_status tsr_safetensors_save(const char *path, int n, const char *const *name
     s = TSR_ERROR(TSR_EIO, "%s: closing %s failed: %s", path, tmp, strerror(errno));
     goto cleanup;
   }
-  if (rename(tmp, path) != 0) {
-    s = TSR_ERROR(TSR_EIO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
-    goto cleanup;
-  }
-  sync_parent_dir(path);
-  free(tmp);
+  *tmp_out = tmp;
   tmp = NULL;
 cleanup:
   if (f) fclose(f);
@@ -292,5 +343,27 @@ cleanup:
     free(tmp);
   }
   free(hdr.p);
+  return s;
+}
+
+tsr_status tsr_st_publish(const char *tmp, const char *path) {
+  if (rename(tmp, path) != 0) {
+    tsr_status s =
+        TSR_ERROR(TSR_EIO, "%s: cannot rename %s over it: %s", path, tmp, strerror(errno));
+    unlink(tmp);
+    return s;
+  }
+  sync_parent_dir(path);
+  return TSR_OK;
+}
+
+tsr_status tsr_safetensors_save(const char *path, int n, const char *const *names,
+                                const tsr_tensor *const *tensors, int nmeta,
+                                const char *const *meta_keys, const char *const *meta_values) {
+  char *tmp = NULL;
+  TSR_CHECK(tsr_st_write_temp(path, n, names, tensors, nmeta, meta_keys, meta_values, &tmp));
+  tsr_status s = tsr_st_publish(tmp, path);
+  free(tmp);
+  if (s == TSR_OK) tsr_st_remove_stale(path);
   return s;
 }

@@ -85,8 +85,10 @@ TSR_API const char *tsr_safetensors_meta_key(const tsr_safetensors_t *st, int i)
 
 /* Writes `n` tensors (any strides, CPU) under `names` (unique, not "__metadata__"), in the given
  * order, with `nmeta` metadata strings (may be 0 and NULL), atomically: the data goes to
- * `path.tmp.<pid>.<random>` beside `path`, is synced, and is renamed over `path`. On failure the
- * temporary file is removed and an existing `path` is left as it was. The header is padded with
+ * `path.tmp.<pid>.<random>` beside `path`, is synced, and is renamed over `path` (a symlink at
+ * `path` is replaced, never followed). On failure the temporary file is removed and an existing
+ * `path` is left as it was. A replaced file keeps its mode; a new one gets 0666 less the umask.
+ * After the rename, temporaries of `path` left by writers no longer running are removed. The header is padded with
  * spaces to a multiple of 8 bytes so that the data buffer starts aligned. */
 TSR_API tsr_status tsr_safetensors_save(const char *path, int n, const char *const *names,
                                         const tsr_tensor *const *tensors, int nmeta,
@@ -99,8 +101,11 @@ TSR_API tsr_status tsr_safetensors_save(const char *path, int n, const char *con
  * under their Hugging Face names, so a Hugging Face Llama checkpoint loads as it is and a Tessera
  * checkpoint loads into transformers. The optimizer file holds `<name>.exp_avg` and
  * `<name>.exp_avg_sq` for every parameter and the metadata `step` (decimal) and
- * `format` = TSR_CHECKPOINT_OPTIM_FORMAT. Loading either is all or nothing: the whole file is
- * checked against the expected names, shapes and dtypes before any tensor is written. */
+ * `format` = TSR_CHECKPOINT_OPTIM_FORMAT. Both files carry `step` and `checkpoint`, an id of the
+ * save that wrote them (a hash of the step and both files' tensors): a model file and an
+ * optimizer file are one checkpoint when both agree (tsr_checkpoint_pair). Loading either is all
+ * or nothing: the whole file is checked against the expected names, shapes and dtypes, and every
+ * float value for NaN and Inf, before any tensor is written. */
 #define TSR_CHECKPOINT_OPTIM_FORMAT "tessera-adamw-v1"
 
 typedef struct tsr_checkpoint_opts {
@@ -123,13 +128,26 @@ TSR_API tsr_status tsr_checkpoint_optim_path(const char *model_path, char *buf, 
 
 /* Saves parameters to `model_path` and optimizer state to `optim_path` (NULL: derived by
  * tsr_checkpoint_optim_path). Parameters are written in their dtype, optimizer state in its own.
- * The optimizer file is written first and the model file last, each atomically, so that a
- * present model file means a complete checkpoint. `exp_avg` and `exp_avg_sq` may both be NULL to
- * write the model file only. */
+ * Both files are written completely to temporaries beside them and synced before either is
+ * published, so that a failed or interrupted write leaves the previous checkpoint as it was;
+ * then the optimizer file is renamed into place (the commit point) and the model file after it.
+ * A kill between the two renames leaves the new optimizer file beside the old model file and
+ * the new model file's temporary: tsr_checkpoint_pair finds it. After a save, temporaries of
+ * both names left by writers no longer running are removed. A replaced file keeps its mode.
+ * `exp_avg` and `exp_avg_sq` may both be NULL to write the model file only. */
 TSR_API tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, int n,
                                        const char *const *names, const tsr_tensor *const *params,
                                        const tsr_tensor *const *exp_avg,
                                        const tsr_tensor *const *exp_avg_sq, int64_t step);
+
+/* Checks that the optimizer file `optim_path` and the model file `model_path` are one
+ * checkpoint (the same `step` and `checkpoint` id; files without ids, from before the id, pair by
+ * step) and gives in *model_out (malloc'd) the model file to load with it: `model_path`, or, when
+ * a save was killed between publishing the optimizer file and the model file, the complete
+ * temporary `model_path.tmp.*` of that save. A pair from different saves is TSR_EINVAL naming
+ * both files, both steps and both ids. Reads only. */
+TSR_API tsr_status tsr_checkpoint_pair(const char *model_path, const char *optim_path,
+                                       char **model_out);
 
 /* Loads `n` parameters by name into `params` (CPU, any strides). Each must be in the file with
  * exactly the tensor's shape; F32, BF16 and F16 in the file convert to the tensor's float dtype.

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 
 #include <cmocka.h>
 
@@ -355,6 +356,198 @@ static void test_model_only_and_bad_step(void **state) {
   free_all(v);
 }
 
+/* The pid of a process that has ended (a child reaped): temporaries named after it are stale. */
+static long dead_pid(void) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(0);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  return (long)pid;
+}
+
+static int64_t optim_step(fixture *f) {
+  tsr_tensor *m[NP], *v[NP];
+  fresh(m);
+  fresh(v);
+  int64_t step = -1;
+  assert_int_equal(tsr_checkpoint_load_optim(f->optim, NP, f->names, m, v, &step), TSR_OK);
+  free_all(m);
+  free_all(v);
+  return step;
+}
+
+/* A full disk while the model file is written (after the optimizer file): the old pair stays,
+ * not the new optimizer state beside the old weights. */
+static void test_failed_model_write_keeps_pair(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 5);
+  /* the model's first tensor is far larger than the optimizer file: only its write fails */
+  const int64_t big[2] = {256, 256};
+  tsr_tensor *bigp;
+  assert_int_equal(tsr_tensor_new(NULL, TSR_F32, 2, big, &bigp), TSR_OK);
+  const tsr_tensor *p[NP] = {bigp, f->p[1], f->p[2]};
+  struct rlimit saved, lim;
+  getrlimit(RLIMIT_FSIZE, &saved);
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  lim = saved;
+  lim.rlim_cur = 16384;
+  assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+  tsr_status s = tsr_checkpoint_save(f->model, NULL, NP, f->names, p,
+                                     (const tsr_tensor *const *)f->m,
+                                     (const tsr_tensor *const *)f->v, 6);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  signal(SIGXFSZ, old);
+  tsr_tensor_free(bigp);
+  assert_int_equal(s, TSR_EIO);
+  assert_int_equal(io_count_entries(f->dir), 2);
+  assert_int_equal(optim_step(f), 5);
+  char *model = NULL;
+  assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_OK);
+  assert_string_equal(model, f->model);
+  free(model);
+}
+
+/* Files of two saves are refused as a pair, naming both files, steps and ids. */
+static void test_mixed_pair_refused(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 5);
+  char other[200], other_optim[200];
+  snprintf(other, sizeof other, "%s/other.safetensors", f->dir);
+  snprintf(other_optim, sizeof other_optim, "%s/other.optim.safetensors", f->dir);
+  fill_bits(f->p[0], 77u);
+  assert_int_equal(
+      tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 6),
+      TSR_OK);
+  assert_int_equal(rename(other_optim, f->optim), 0);
+  char *model = NULL;
+  assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_EINVAL);
+  assert_null(model);
+  assert_error_has(f->model);
+  assert_error_has(f->optim);
+  assert_error_has("step 5");
+  assert_error_has("step 6");
+  assert_error_has("not one checkpoint");
+  /* the same step from another save is refused too: the ids differ */
+  assert_int_equal(
+      tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 5),
+      TSR_OK);
+  assert_int_equal(rename(other_optim, f->optim), 0);
+  assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_EINVAL);
+  assert_error_has("checkpoint ");
+  /* and each file of one save carries the same step and id */
+  tsr_safetensors_t *a, *b;
+  assert_int_equal(tsr_safetensors_open(other, &a), TSR_OK);
+  assert_int_equal(tsr_safetensors_open(f->optim, &b), TSR_OK);
+  assert_string_equal(tsr_safetensors_meta(a, "step"), "5");
+  assert_non_null(tsr_safetensors_meta(a, "checkpoint"));
+  assert_string_equal(tsr_safetensors_meta(a, "checkpoint"), tsr_safetensors_meta(b, "checkpoint"));
+  tsr_safetensors_close(a);
+  tsr_safetensors_close(b);
+}
+
+/* A save killed between its two renames: the new optimizer file is in place and the new model
+ * file still under its temporary name. The pair resolves to that temporary, and the next save
+ * removes it. */
+static void test_interrupted_publish_recovered(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 5);
+  char other[200], other_optim[200], tmp[300];
+  snprintf(other, sizeof other, "%s/other.safetensors", f->dir);
+  snprintf(other_optim, sizeof other_optim, "%s/other.optim.safetensors", f->dir);
+  fill_bits(f->p[0], 91u);
+  assert_int_equal(
+      tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 6),
+      TSR_OK);
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.0badf00d", f->model, dead_pid());
+  assert_int_equal(rename(other_optim, f->optim), 0);
+  assert_int_equal(rename(other, tmp), 0);
+  char *model = NULL;
+  assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_OK);
+  assert_string_equal(model, tmp);
+  tsr_tensor *p[NP];
+  fresh(p);
+  assert_int_equal(tsr_checkpoint_load_model(model, NP, f->names, p, NULL), TSR_OK);
+  for (int i = 0; i < NP; i++) assert_true(bitwise_equal(p[i], f->p[i]));
+  free_all(p);
+  free(model);
+  /* the next save publishes a whole pair and removes the dead writer's temporary */
+  save_fixture(f, 7);
+  assert_int_equal(io_count_entries(f->dir), 2);
+  assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_OK);
+  assert_string_equal(model, f->model);
+  free(model);
+}
+
+/* Temporaries of writers that are gone are removed by the next save; a live writer's are kept. */
+static void test_stale_temporaries_removed(void **state) {
+  fixture *f = *state;
+  char dead[300], dead_optim[300], live[300], other[300];
+  long pid = dead_pid();
+  snprintf(dead, sizeof dead, "%s.tmp.%ld.deadbeef", f->model, pid);
+  snprintf(dead_optim, sizeof dead_optim, "%s.tmp.%ld.0000beef", f->optim, pid);
+  snprintf(live, sizeof live, "%s.tmp.%ld.feedbeef", f->model, (long)getppid());
+  snprintf(other, sizeof other, "%s/ckpt.safetensors.tmp.notapid", f->dir);
+  io_write_file(dead, "x", 1);
+  io_write_file(dead_optim, "x", 1);
+  io_write_file(live, "x", 1);
+  io_write_file(other, "x", 1);
+  save_fixture(f, 1);
+  struct stat sb;
+  assert_int_equal(stat(dead, &sb), -1);
+  assert_int_equal(stat(dead_optim, &sb), -1);
+  assert_int_equal(stat(live, &sb), 0);
+  assert_int_equal(stat(other, &sb), 0);
+  assert_int_equal(io_count_entries(f->dir), 4);
+}
+
+/* Replacing a checkpoint keeps its files' permissions. */
+static void test_replace_keeps_mode(void **state) {
+  fixture *f = *state;
+  save_fixture(f, 1);
+  assert_int_equal(chmod(f->model, 0600), 0);
+  assert_int_equal(chmod(f->optim, 0640), 0);
+  save_fixture(f, 2);
+  struct stat sb;
+  assert_int_equal(stat(f->model, &sb), 0);
+  assert_int_equal(sb.st_mode & 07777, 0600);
+  assert_int_equal(stat(f->optim, &sb), 0);
+  assert_int_equal(sb.st_mode & 07777, 0640);
+}
+
+/* NaN or Inf in a checkpoint is refused at load, naming the tensor; nothing is written. */
+static void test_nonfinite_refused(void **state) {
+  fixture *f = *state;
+  float *x = tsr_tensor_data(f->p[1]);
+  x[2] = NAN;
+  assert_int_equal(tsr_checkpoint_save(f->model, NULL, NP, f->names,
+                                       (const tsr_tensor *const *)f->p, NULL, NULL, 0),
+                   TSR_OK);
+  tsr_tensor *p[NP];
+  fresh(p);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("'model.layers.0.mlp.up_proj.weight'");
+  assert_error_has("NaN at element 2");
+  assert_true(untouched(p));
+  /* Inf in a bf16 file (a Hugging Face checkpoint) */
+  x[2] = 1.0f;
+  tsr_tensor *bf[NP];
+  for (int i = 0; i < NP; i++) assert_int_equal(tsr_tensor_cast(f->p[i], TSR_BF16, &bf[i]), TSR_OK);
+  uint16_t inf = 0xff80u; /* -Inf */
+  memcpy((uint16_t *)tsr_tensor_data(bf[0]) + 5, &inf, 2);
+  assert_int_equal(
+      tsr_safetensors_save(f->model, NP, f->names, (const tsr_tensor *const *)bf, 0, NULL, NULL),
+      TSR_OK);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, NP, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("'model.embed_tokens.weight' holds Inf at element 5");
+  assert_true(untouched(p));
+  free_all(bf);
+  free_all(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_optim_path),
@@ -363,6 +556,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_hf_file_bf16_and_ignore_patterns, setup, teardown),
       cmocka_unit_test_setup_teardown(test_failed_save_keeps_previous_checkpoint, setup, teardown),
       cmocka_unit_test_setup_teardown(test_model_only_and_bad_step, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_failed_model_write_keeps_pair, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_mixed_pair_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_interrupted_publish_recovered, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_stale_temporaries_removed, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_replace_keeps_mode, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_nonfinite_refused, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
