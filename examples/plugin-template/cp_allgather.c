@@ -27,24 +27,20 @@ static const tsr_key_spec ag_keys[] = {
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
-static int mesh_size(const tsr_config *cfg, const char *name) {
-  for (int i = 0; i < cfg->mesh.ndim; i++)
-    if (!strcmp(cfg->mesh.names[i], tsr_mesh_canonical_name(name))) return cfg->mesh.shape[i];
-  return 1;
-}
-
 /* Any split of the sequence works (uneven chunks included, as torch.chunk makes them), as long
  * as every rank holds at least one query row. */
 static tsr_status ag_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
-  int n = mesh_size(cfg, AG_DIM), u = mesh_size(cfg, "ulysses_cp");
+  int n = tsr_config_mesh_size(cfg, AG_DIM), u = tsr_config_mesh_size(cfg, "ulysses_cp");
   if (n == 1) return TSR_OK;
-  if (cfg->data.seq_len < (int64_t)n * u)
+  int64_t L;
+  TSR_CHECK(tsr_config_key_int(cfg, "data", "seq_len", &L));
+  if (L < (int64_t)n * u)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",
                             "%lld tokens cannot give every one of the %d sequence shards (%s = %d"
                             "%s) a row; use at least %d tokens or a smaller %s",
-                            (long long)cfg->data.seq_len, n * u, AG_DIM, n,
-                            u > 1 ? " times ulysses_cp" : "", n * u, AG_DIM);
+                            (long long)L, n * u, AG_DIM, n, u > 1 ? " times ulysses_cp" : "", n * u,
+                            AG_DIM);
   return TSR_OK;
 }
 

@@ -82,6 +82,9 @@ typedef struct tsr_config_section {
   tsr_config_entry entries[TSR_MAX_ENTRIES];
 } tsr_config_section;
 
+/* The parsed job. Plugins read it through the accessors below (tsr_config_mesh_size,
+ * tsr_config_key_int, ...), not through its fields: the layout is frozen for plugin ABI 1 only so
+ * that plugins built against 1.0 keep working, and a later ABI major may change it. */
 typedef struct tsr_config {
   char path[TSR_MAX_PATH]; /* the file as given; "<string>" for tsr_config_parse_string */
   char dir[TSR_MAX_PATH];  /* its directory, for relative [plugins] path entries */
@@ -208,6 +211,42 @@ TSR_API tsr_status tsr_config_get_float(const tsr_config *cfg, const char *plugi
                                         const tsr_key_spec *keys, const char *key, double *out);
 TSR_API tsr_status tsr_config_get_bool(const tsr_config *cfg, const char *plugin,
                                        const tsr_key_spec *keys, const char *key, bool *out);
+
+/* ---- Reading the job by name (what plugins use instead of the struct's fields) ---- */
+
+/* The mesh: its number of dims, and the name of dim i (outermost first; NULL when i is out of
+ * range). */
+TSR_API int tsr_config_mesh_ndim(const tsr_config *cfg);
+TSR_API const char *tsr_config_mesh_dim(const tsr_config *cfg, int i);
+/* The position of mesh dim `dim`, or -1 when the mesh has no such dim. */
+TSR_API int tsr_config_mesh_index(const tsr_config *cfg, const char *dim);
+/* The size of mesh dim `dim`, or 1 when the mesh has no such dim: a dim the job leaves out is a
+ * dim of size 1, so plugins need not tell the two apart. */
+TSR_API int tsr_config_mesh_size(const tsr_config *cfg, const char *dim);
+/* The number of ranks: the product of [mesh] shape. */
+TSR_API int64_t tsr_config_mesh_world(const tsr_config *cfg);
+/* True when [plugins] load names `plugin`. */
+TSR_API bool tsr_config_loads_plugin(const tsr_config *cfg, const char *plugin);
+
+/* A key of a core section ("job", "mesh", "model", "data", "optimizer", ...; not
+ * [strategy.NAME], see tsr_config_get_int), as the job file or its default sets it, by the names
+ * the file uses: tsr_config_key_int(cfg, "model", "num_attention_heads", &heads). Each returns
+ * TSR_EINVAL, with a did-you-mean, for a key the schema lacks, and for a key of another type.
+ *   _int     integer keys; an enum key gives the index of its value among its choices, which
+ *            for [job] mode, device, dtype and [optimizer] lr_schedule is the tsr_job_mode,
+ *            tsr_device_kind, tsr_dtype or tsr_lr_schedule value
+ *   _float   number keys, and integer keys converted
+ *   _bool    true | false keys
+ *   _string  any key, written into buf as INI text (lists ", "-joined, an enum as its choice);
+ *            TSR_EINVAL when it does not fit in len bytes */
+TSR_API tsr_status tsr_config_key_int(const tsr_config *cfg, const char *section, const char *key,
+                                      int64_t *out);
+TSR_API tsr_status tsr_config_key_float(const tsr_config *cfg, const char *section, const char *key,
+                                        double *out);
+TSR_API tsr_status tsr_config_key_bool(const tsr_config *cfg, const char *section, const char *key,
+                                       bool *out);
+TSR_API tsr_status tsr_config_key_string(const tsr_config *cfg, const char *section,
+                                         const char *key, char *buf, size_t len);
 
 /* ---- The core schema ---- */
 

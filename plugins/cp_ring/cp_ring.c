@@ -22,17 +22,6 @@ static const tsr_key_spec ring_keys[] = {
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
-static int mesh_index(const tsr_config *cfg, const char *name) {
-  for (int i = 0; i < cfg->mesh.ndim; i++)
-    if (!strcmp(cfg->mesh.names[i], tsr_mesh_canonical_name(name))) return i;
-  return -1;
-}
-
-static int mesh_size(const tsr_config *cfg, const char *name) {
-  int i = mesh_index(cfg, name);
-  return i >= 0 ? cfg->mesh.shape[i] : 1;
-}
-
 static tsr_status read_balance(const tsr_plugin_args *args, ring_balance *out) {
   const char *v = tsr_config_get(args->config, args->name, ring_keys, "load_balance");
   if (!v) return tsr_error(TSR_EINVAL, "cp_ring: load_balance has no value");
@@ -42,11 +31,12 @@ static tsr_status read_balance(const tsr_plugin_args *args, ring_balance *out) {
 
 static tsr_status ring_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
-  int n = mesh_size(cfg, RING_DIM);
+  int n = tsr_config_mesh_size(cfg, RING_DIM);
   if (n == 1) return TSR_OK;
   ring_balance b = RING_BALANCE_NONE;
   TSR_CHECK(read_balance(args, &b));
-  int64_t L = cfg->data.seq_len, need = b == RING_BALANCE_ZIGZAG ? 2 * n : n;
+  int64_t L, need = b == RING_BALANCE_ZIGZAG ? 2 * n : n;
+  TSR_CHECK(tsr_config_key_int(cfg, "data", "seq_len", &L));
   if (L % need)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",
                             "%lld tokens cannot be split into %lld equal ring blocks (ring_cp = "
@@ -56,8 +46,8 @@ static tsr_status ring_validate(const tsr_plugin_args *args) {
                             (long long)need);
   /* zigzag is a split of the extent the outer sequence sharders leave; the core applies the
    * outer ones after this plugin's transition, so ring_cp has to be the outer one */
-  int u = mesh_index(cfg, "ulysses_cp"), ri = mesh_index(cfg, RING_DIM);
-  if (b == RING_BALANCE_ZIGZAG && u >= 0 && cfg->mesh.shape[u] > 1 && u < ri)
+  int u = tsr_config_mesh_index(cfg, "ulysses_cp"), ri = tsr_config_mesh_index(cfg, RING_DIM);
+  if (b == RING_BALANCE_ZIGZAG && u >= 0 && tsr_config_mesh_size(cfg, "ulysses_cp") > 1 && u < ri)
     return tsr_config_error(cfg, TSR_EINVAL, "mesh", "dims",
                             "ulysses_cp comes before ring_cp, which load_balance = zigzag does "
                             "not support; list ring_cp before ulysses_cp, or set [strategy.%s] "

@@ -16,19 +16,16 @@
 
 static const char *const ulysses_dims[] = {ULYSSES_DIM, NULL};
 
-static int mesh_size(const tsr_config *cfg, const char *name) {
-  for (int i = 0; i < cfg->mesh.ndim; i++)
-    if (!strcmp(cfg->mesh.names[i], tsr_mesh_canonical_name(name))) return cfg->mesh.shape[i];
-  return 1;
-}
-
 /* Heads and sequence must split over the degree; tensor parallelism splits the heads first, so
  * the per-rank counts after tp are the ones checked. */
 static tsr_status ulysses_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
-  int n = mesh_size(cfg, ULYSSES_DIM), tp = mesh_size(cfg, "tp");
+  int n = tsr_config_mesh_size(cfg, ULYSSES_DIM), tp = tsr_config_mesh_size(cfg, "tp");
   if (n == 1) return TSR_OK;
-  int64_t hq = cfg->model.num_attention_heads, hkv = cfg->model.num_key_value_heads;
+  int64_t hq, hkv, L;
+  TSR_CHECK(tsr_config_key_int(cfg, "model", "num_attention_heads", &hq));
+  TSR_CHECK(tsr_config_key_int(cfg, "model", "num_key_value_heads", &hkv));
+  TSR_CHECK(tsr_config_key_int(cfg, "data", "seq_len", &L));
   if (hq % tp == 0 && hkv % tp == 0) {
     hq /= tp;
     hkv /= tp;
@@ -45,11 +42,11 @@ static tsr_status ulysses_validate(const tsr_plugin_args *args) {
                             "%lld kv heads%s over ulysses_cp = %d: the degree must divide them "
                             "(they are split) or be a multiple of them (they are replicated)",
                             (long long)hkv, tp > 1 ? " per tp rank" : "", n);
-  if (cfg->data.seq_len % n)
+  if (L % n)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",
                             "%lld tokens cannot be split over ulysses_cp = %d; use a multiple of "
                             "%d",
-                            (long long)cfg->data.seq_len, n, n);
+                            (long long)L, n, n);
   return TSR_OK;
 }
 

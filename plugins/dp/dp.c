@@ -46,16 +46,10 @@ bool dp_owns(const char *dim) {
   return false;
 }
 
-static int mesh_size(const tsr_config *cfg, const char *name) {
-  for (int i = 0; i < cfg->mesh.ndim && i < cfg->mesh.nshape; i++)
-    if (!strcmp(cfg->mesh.names[i], name)) return cfg->mesh.shape[i];
-  return 1;
-}
-
 static tsr_status dp_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
-  int dp = mesh_size(cfg, "dp"), rep = mesh_size(cfg, "dp_replicate");
-  int shard = mesh_size(cfg, "dp_shard");
+  int dp = tsr_config_mesh_size(cfg, "dp"), rep = tsr_config_mesh_size(cfg, "dp_replicate");
+  int shard = tsr_config_mesh_size(cfg, "dp_shard");
   if (dp > 1 && (rep > 1 || shard > 1))
     return tsr_config_error(cfg, TSR_EINVAL, "mesh", "dims",
                             "dp = %d beside dp_replicate = %d and dp_shard = %d: dp is replicated "
@@ -73,7 +67,7 @@ static tsr_status dp_init(const tsr_plugin_args *args, void **state) {
   if (st == TSR_OK)
     st = tsr_config_get_bool(args->config, args->name, dp_keys, "overlap", &s->overlap);
   s->bucket_bytes = (size_t)(mb * 1048576.0);
-  s->world = (int)args->config->mesh.world;
+  s->world = (int)tsr_config_mesh_world(args->config);
   s->buckets = calloc((size_t)(s->world > 0 ? s->world : 1), sizeof *s->buckets);
   if (st == TSR_OK && !s->buckets)
     st = tsr_error(TSR_ENOMEM, "dp: out of memory for %d ranks", s->world);

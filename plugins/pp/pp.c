@@ -29,17 +29,12 @@ static const tsr_key_spec pp_keys[] = {
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
-static int mesh_size(const tsr_config *c, const char *dim) {
-  for (int i = 0; i < c->mesh.ndim; i++)
-    if (strcmp(c->mesh.names[i], dim) == 0) return c->mesh.shape[i];
-  return 1;
-}
-
 /* The stage layout keys against the model: one count per stage, each >= 1, summing to the
  * layers. */
 static tsr_status check_layers(const tsr_config *c, const char *lps, int stages, int pp,
                                int64_t spr) {
-  int64_t layers = c->model.num_hidden_layers;
+  int64_t layers;
+  TSR_CHECK(tsr_config_key_int(c, "model", "num_hidden_layers", &layers));
   if (layers < stages)
     return tsr_config_error(c, TSR_EINVAL, "model", "num_hidden_layers",
                             "%lld layers cannot fill %d pipeline stages (pp = %d x "
@@ -80,7 +75,7 @@ static tsr_status check_layers(const tsr_config *c, const char *lps, int stages,
 static tsr_status pp_validate(const tsr_plugin_args *args) {
   const tsr_config *c = args->config;
   const char *sec = "strategy.pp";
-  int pp = mesh_size(c, "pp");
+  int pp = tsr_config_mesh_size(c, "pp");
   int64_t mb = 1, spr = 1;
   TSR_CHECK(tsr_config_get_int(c, args->name, pp_keys, "microbatches", &mb));
   TSR_CHECK(tsr_config_get_int(c, args->name, pp_keys, "stages_per_rank", &spr));
@@ -104,8 +99,10 @@ static tsr_status pp_validate(const tsr_plugin_args *args) {
                             (long long)mb, pp, pp);
   if (pp <= 1) return TSR_OK;
   TSR_CHECK(check_layers(c, lps, pp * (int)spr, pp, spr));
-  int64_t accum = c->optimizer.grad_accum_steps > 0 ? c->optimizer.grad_accum_steps : 1;
-  int64_t rows = c->data.batch_size / accum;
+  int64_t accum, batch;
+  TSR_CHECK(tsr_config_key_int(c, "optimizer", "grad_accum_steps", &accum));
+  TSR_CHECK(tsr_config_key_int(c, "data", "batch_size", &batch));
+  int64_t rows = batch / (accum > 0 ? accum : 1);
   if (mb > rows)
     return tsr_config_error(c, TSR_EINVAL, sec, "microbatches",
                             "%lld microbatches but a step has %lld rows ([data] batch_size / "

@@ -25,13 +25,12 @@ static const char *const sp_required[] = {"tp", NULL};
 
 static tsr_status sp_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
-  int tp = 1;
-  for (int i = 0; i < cfg->mesh.ndim && i < cfg->mesh.nshape; i++)
-    if (!strcmp(cfg->mesh.names[i], "tp")) tp = cfg->mesh.shape[i];
+  int tp = tsr_config_mesh_size(cfg, "tp");
   /* torch.chunk leaves trailing ranks empty when ceil(L / tp) is too coarse (5 over 4 gives 2, 2,
    * 1, 0): the step would still be right, but a rank would hold no tokens of the norm regions,
    * which is never what a job means */
-  int64_t L = cfg->data.seq_len;
+  int64_t L;
+  TSR_CHECK(tsr_config_key_int(cfg, "data", "seq_len", &L));
   if (tp > 1 && tsr_chunk_size(L, tp, tp - 1) == 0)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",
                             "%lld tokens over tp = %d split into chunks of %lld, leaving the last "

@@ -35,18 +35,6 @@ static const tsr_key_spec tp_keys[] = {
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
-static int mesh_size(const tsr_config *cfg, const char *name) {
-  for (int i = 0; i < cfg->mesh.ndim && i < cfg->mesh.nshape; i++)
-    if (!strcmp(cfg->mesh.names[i], name)) return cfg->mesh.shape[i];
-  return 1;
-}
-
-static bool loads(const tsr_config *cfg, const char *plugin) {
-  for (int i = 0; i < cfg->plugins.nload; i++)
-    if (!strcmp(cfg->plugins.load[i], plugin)) return true;
-  return false;
-}
-
 int tp_coord(tsr_rank_t *r, const tsr_dtensor *x, int dim) {
   int c[TSR_MAX_MESH_DIMS] = {0};
   tsr_mesh_coords(x->mesh, tsr_rank_id(r), c);
@@ -76,9 +64,11 @@ tsr_status tp_check_other_dims(const char *rule, int dim, int n, const tsr_dtens
 
 static tsr_status tp_validate(const tsr_plugin_args *args) {
   const tsr_config *cfg = args->config;
-  int tp = mesh_size(cfg, "tp");
+  int tp = tsr_config_mesh_size(cfg, "tp");
   if (tp == 1) return TSR_OK;
-  int64_t h = cfg->model.num_attention_heads, kv = cfg->model.num_key_value_heads;
+  int64_t h, kv;
+  TSR_CHECK(tsr_config_key_int(cfg, "model", "num_attention_heads", &h));
+  TSR_CHECK(tsr_config_key_int(cfg, "model", "num_key_value_heads", &kv));
   if (h % tp)
     return tsr_config_error(cfg, TSR_EINVAL, "model", "num_attention_heads",
                             "%lld attention heads cannot be split over tp = %d; use a multiple of "
@@ -100,13 +90,15 @@ static tsr_status tp_init(const tsr_plugin_args *args, void **state) {
   tp_state *s = calloc(1, sizeof *s);
   if (!s) return tsr_error(TSR_ENOMEM, "tp: out of memory");
   const tsr_config *cfg = args->config;
+  int64_t kv = 0;
   tsr_status st = tsr_config_get_bool(cfg, args->name, tp_keys, "loss_parallel", &s->loss_parallel);
+  if (st == TSR_OK) st = tsr_config_key_int(cfg, "model", "num_key_value_heads", &kv);
   if (st != TSR_OK) {
     free(s);
     return st;
   }
-  s->kv_replicated = mesh_size(cfg, "tp") > cfg->model.num_key_value_heads;
-  s->sp = loads(cfg, "sp");
+  s->kv_replicated = tsr_config_mesh_size(cfg, "tp") > kv;
+  s->sp = tsr_config_loads_plugin(cfg, "sp");
   *state = s;
   return TSR_OK;
 }

@@ -307,6 +307,106 @@ static void test_closest_name(void **state) {
   assert_null(tsr_closest_name("completely_else", names, 3));
 }
 
+/* What plugins read instead of the struct's fields. */
+static void test_mesh_accessors(void **state) {
+  (void)state;
+  tsr_config *cfg = parse_ok("[mesh]\ndims = dp, ulysses_cp, tp\nshape = 2, 3, 1\n"
+                             "[plugins]\nload = dp, tp\n[model]\nnum_attention_heads = 6\n"
+                             "hidden_size = 48\n");
+  assert_int_equal(tsr_config_mesh_ndim(cfg), 3);
+  assert_string_equal(tsr_config_mesh_dim(cfg, 0), "dp");
+  assert_string_equal(tsr_config_mesh_dim(cfg, 1), "ulysses_cp");
+  assert_null(tsr_config_mesh_dim(cfg, 3));
+  assert_null(tsr_config_mesh_dim(cfg, -1));
+  assert_int_equal(tsr_config_mesh_size(cfg, "dp"), 2);
+  assert_int_equal(tsr_config_mesh_size(cfg, "ulysses_cp"), 3);
+  assert_int_equal(tsr_config_mesh_index(cfg, "ulysses_cp"), 1);
+  assert_int_equal(tsr_config_mesh_size(cfg, "tp"), 1);
+  /* a dim the job leaves out is a dim of size 1 */
+  assert_int_equal(tsr_config_mesh_size(cfg, "pp"), 1);
+  assert_int_equal(tsr_config_mesh_index(cfg, "pp"), -1);
+  assert_int_equal(tsr_config_mesh_world(cfg), 6);
+  assert_true(tsr_config_loads_plugin(cfg, "tp"));
+  assert_false(tsr_config_loads_plugin(cfg, "pp"));
+  /* between an override and tsr_config_check_sets dims and shape may differ in length: the dim
+   * without a size reads as absent, not as whatever follows the sizes */
+  assert_int_equal(tsr_config_set(cfg, "mesh.dims=dp, tp, pp, ring_cp"), TSR_OK);
+  assert_int_equal(tsr_config_mesh_ndim(cfg), 4);
+  assert_int_equal(tsr_config_mesh_size(cfg, "ring_cp"), 1);
+  assert_int_equal(tsr_config_mesh_index(cfg, "ring_cp"), 3);
+  tsr_config_free(cfg);
+}
+
+static void test_key_accessors(void **state) {
+  (void)state;
+  tsr_config *cfg = parse_ok("[job]\ndevice = emu\nbackend = mpi\n[model]\n"
+                             "num_attention_heads = 6\nhidden_size = 48\n"
+                             "tie_word_embeddings = true\n[data]\nseq_len = 40\n"
+                             "[optimizer]\nlr = 0.25\ngrad_accum_steps = 2\n"
+                             "[mesh]\ndims = dp, tp\nshape = 2, 4\n");
+  int64_t v = 0;
+  assert_int_equal(tsr_config_key_int(cfg, "model", "num_attention_heads", &v), TSR_OK);
+  assert_int_equal(v, 6);
+  /* the default, and the kv heads resolved to the heads at parse time */
+  assert_int_equal(tsr_config_key_int(cfg, "model", "num_key_value_heads", &v), TSR_OK);
+  assert_int_equal(v, 6);
+  assert_int_equal(tsr_config_key_int(cfg, "model", "num_hidden_layers", &v), TSR_OK);
+  assert_int_equal(v, 4);
+  assert_int_equal(tsr_config_key_int(cfg, "data", "seq_len", &v), TSR_OK);
+  assert_int_equal(v, 40);
+  assert_int_equal(tsr_config_key_int(cfg, "optimizer", "grad_accum_steps", &v), TSR_OK);
+  assert_int_equal(v, 2);
+  /* an enum reads as its value */
+  assert_int_equal(tsr_config_key_int(cfg, "job", "device", &v), TSR_OK);
+  assert_int_equal(v, TSR_DEVICE_EMU);
+  double d = 0;
+  assert_int_equal(tsr_config_key_float(cfg, "optimizer", "lr", &d), TSR_OK);
+  assert_true(d == 0.25);
+  assert_int_equal(tsr_config_key_float(cfg, "data", "seq_len", &d), TSR_OK);
+  assert_true(d == 40.0);
+  bool b = false;
+  assert_int_equal(tsr_config_key_bool(cfg, "model", "tie_word_embeddings", &b), TSR_OK);
+  assert_true(b);
+
+  char buf[64];
+  assert_int_equal(tsr_config_key_string(cfg, "job", "device", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "emu");
+  assert_int_equal(tsr_config_key_string(cfg, "job", "backend", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "mpi");
+  assert_int_equal(tsr_config_key_string(cfg, "mesh", "dims", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "dp, tp");
+  assert_int_equal(tsr_config_key_string(cfg, "mesh", "shape", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "2, 4");
+  assert_int_equal(tsr_config_key_string(cfg, "model", "hidden_size", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "48");
+  assert_int_equal(tsr_config_key_string(cfg, "optimizer", "lr", buf, sizeof buf), TSR_OK);
+  assert_true(strtod(buf, NULL) == 0.25);
+  assert_int_equal(tsr_config_key_string(cfg, "model", "tie_word_embeddings", buf, sizeof buf),
+                   TSR_OK);
+  assert_string_equal(buf, "true");
+  assert_int_equal(tsr_config_key_string(cfg, "checkpoint", "load", buf, sizeof buf), TSR_OK);
+  assert_string_equal(buf, "");
+  assert_int_equal(tsr_config_key_string(cfg, "mesh", "dims", buf, 6), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "does not fit in 6 bytes"));
+
+  /* wrong names and wrong types say what to do instead */
+  assert_int_equal(tsr_config_key_int(cfg, "model", "num_heads", &v), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "[model] has no key 'num_heads'"));
+  assert_int_equal(tsr_config_key_int(cfg, "model", "num_hiden_layers", &v), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "did you mean 'num_hidden_layers'?"));
+  assert_int_equal(tsr_config_key_int(cfg, "modle", "hidden_size", &v), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "[modle] is not a core section"));
+  assert_int_equal(tsr_config_key_int(cfg, "strategy.tp", "x", &v), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "tsr_config_get_int"));
+  assert_int_equal(tsr_config_key_int(cfg, "optimizer", "lr", &v), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "use tsr_config_key_float"));
+  assert_int_equal(tsr_config_key_bool(cfg, "data", "seq_len", &b), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "use tsr_config_key_int"));
+  assert_int_equal(tsr_config_key_float(cfg, "job", "backend", &d), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "use tsr_config_key_string"));
+  tsr_config_free(cfg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -324,6 +424,8 @@ int main(void) {
       cmocka_unit_test(test_schema_defaults_are_valid),
       cmocka_unit_test(test_reference_doc_matches_schema),
       cmocka_unit_test(test_closest_name),
+      cmocka_unit_test(test_mesh_accessors),
+      cmocka_unit_test(test_key_accessors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
