@@ -27,6 +27,7 @@
 typedef struct bench_ctx {
   int pp, hidden, seq;
   const tsr_schedule *sched;
+  const tsr_registry_t *reg; /* declares pp the stage dim, as the pipeline plugin does */
   int chunks;
   double busy[8], t0[8], t1[8];
   double input_s[8], weight_s[8]; /* time in the split backward's parts */
@@ -56,7 +57,7 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
     goto cleanup;
   }
   for (int i = 0; i < ROWS * b->seq; i++) ids[i] = (i * 7) % 256, labels[i] = (i * 7 + 1) % 256;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, b->reg, &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(b->pp, 1, shape, names, &m), st);
   tsr_llama_layout layout = {b->chunks, NULL, 0};
   TSR_CHECK_GOTO(tsr_llama_new_staged(r, m, &c, 1, &layout, &model), st);
@@ -99,6 +100,11 @@ int main(int argc, char **argv) {
       {"interleaved_1f1b", "bench", tsr_pp_interleaved, (void *)(intptr_t)2},
       {"zero_bubble", "bench", tsr_pp_zero_bubble, NULL}};
   static const int chunks[4] = {1, 1, 2, 1};
+  tsr_registry_t *reg = NULL;
+  if (tsr_registry_new(&reg) != TSR_OK || tsr_registry_set_stage_dim(reg, "bench", "pp") != TSR_OK) {
+    fprintf(stderr, "bench_pp: %s\n", tsr_last_error());
+    return 1;
+  }
   printf("pipeline bubble, %d microbatches of %d rows x %d tokens, hidden %d, 8 layers, %d "
          "cores\n",
          MB, ROWS / MB, seq, hidden, tsr_kernel_num_cores());
@@ -107,7 +113,8 @@ int main(int argc, char **argv) {
   for (int s = 0; s < 4; s++)
     for (int pp = 2; pp <= 4; pp *= 2) {
       bench_ctx b = {
-          .pp = pp, .hidden = hidden, .seq = seq, .sched = &scheds[s], .chunks = chunks[s]};
+          .pp = pp, .hidden = hidden, .seq = seq, .sched = &scheds[s], .reg = reg,
+          .chunks = chunks[s]};
       if (tsr_local_launch(pp, 120.0, run, &b) != TSR_OK) {
         fprintf(stderr, "bench_pp: %s\n", tsr_last_error());
         return 1;
@@ -125,5 +132,6 @@ int main(int argc, char **argv) {
       printf("%-18s %3d %6d %10.3f %10.3f %12.1f %8s\n", scheds[s].name, pp, chunks[s], analytic,
              1.0 - busy / (t1 - t0), (t1 - t0) * 1e3, share);
     }
+  tsr_registry_free(reg);
   return 0;
 }

@@ -337,9 +337,6 @@ static bool store_item(const char *item, size_t n, void *arg) {
     if (n >= s->e->name_len) return false;
     memcpy(dst, item, n);
     dst[n] = '\0';
-    /* One spelling inside the core, so ownership and lookups compare plain strings. */
-    if (s->e->offset == OFF(mesh.names) && !strcmp(dst, "ulysess_cp"))
-      snprintf(dst, s->e->name_len, "ulysses_cp");
   } else {
     char buf[64];
     snprintf(buf, sizeof buf, "%.*s", (int)n, item);

@@ -8,15 +8,15 @@
 struct tsr_mesh_t {
   int ndim;
   int shape[TSR_MAX_MESH_DIMS];                    /* (ndim) */
-  char names[TSR_MAX_MESH_DIMS][TSR_MAX_DIM_NAME]; /* (ndim) canonical spellings */
+  char names[TSR_MAX_MESH_DIMS][TSR_MAX_DIM_NAME]; /* (ndim) */
   char unbound[TSR_MAX_DIM_NAME];                  /* dim removed by unbind, "" if none */
   int nranks;
   int *ranks; /* (nranks) global rank at each row-major coordinate */
 };
 
 const char *tsr_mesh_canonical_name(const char *name) {
-  /* The source framework spells it "ulysess_cp"; jobs written for it keep working. */
-  return strcmp(name, "ulysess_cp") == 0 ? "ulysses_cp" : name;
+  /* Aliases are the owning plugins' (tsr_strategy.dim_aliases), settled when a job loads. */
+  return name;
 }
 
 static tsr_status mesh_alloc(int nranks, int ndim, const int *shape, const char *const *names,

@@ -63,6 +63,8 @@ const char *tsr_plugin_check_name(tsr_plugin_check c) {
       return "init";
     case TSR_CHECK_REGISTER:
       return "register";
+    case TSR_CHECK_REGISTRY:
+      return "registry";
   }
   return "?";
 }
@@ -442,6 +444,37 @@ static bool dims_overlap(const tsr_strategy *a, const tsr_strategy *b, const cha
   return false;
 }
 
+/* Renames every mesh dim the job spells by an alias that a loaded plugin declared for a dim it
+ * owns. The job's config is the loader's to settle before anyone reads the mesh; it is made by
+ * the parser, never static. */
+static tsr_status rename_aliases(tsr_config *cfg, tsr_plugin_set_t *set) {
+  for (int i = 0; i < set->n; i++) {
+    const tsr_strategy *d = set->p[i].desc;
+    if (!TSR_STRATEGY_HAS(d, dim_aliases) || !d->dim_aliases) continue;
+    for (int a = 0; d->dim_aliases[a]; a += 2) {
+      const char *alias = d->dim_aliases[a], *dim = d->dim_aliases[a + 1];
+      bool owned = false;
+      for (int k = 0; dim && d->dims && d->dims[k]; k++) owned |= !strcmp(d->dims[k], dim);
+      if (!owned)
+        return fail(&set->p[i].rep, TSR_CHECK_DIMS,
+                    "dim_aliases gives alias '%s' for '%s', which is not one of the plugin's "
+                    "dims; list {\"alias\", \"owned dim\"} pairs ending in NULL",
+                    alias, dim ? dim : "(null)");
+      for (int m = 0; m < cfg->mesh.ndim; m++) {
+        if (strcmp(cfg->mesh.names[m], alias)) continue;
+        for (int o = 0; o < cfg->mesh.ndim; o++)
+          if (!strcmp(cfg->mesh.names[o], dim))
+            return tsr_config_error(cfg, TSR_EINVAL, "mesh", "dims",
+                                    "'%s' and '%s' are one dim ('%s' is plugin %s's other "
+                                    "spelling); list it once",
+                                    alias, dim, alias, set->p[i].rep.name);
+        snprintf(cfg->mesh.names[m], sizeof cfg->mesh.names[m], "%s", dim);
+      }
+    }
+  }
+  return TSR_OK;
+}
+
 /* Checks across plugins: requirements, dim ownership, and mesh dims without an owner. */
 static tsr_status check_set(const tsr_config *cfg, tsr_plugin_set_t *set) {
   for (int i = 0; i < set->n; i++) {
@@ -514,6 +547,7 @@ tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_p
     tsr_error(st, "%s", all);
     goto cleanup;
   }
+  TSR_CHECK_GOTO(rename_aliases((tsr_config *)cfg, set), st);
   TSR_CHECK_GOTO(check_set(cfg, set), st);
 
   for (int i = 0; i < set->n; i++) {
@@ -546,6 +580,18 @@ tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_p
       char why[1536];
       snprintf(why, sizeof why, "%s", tsr_last_error()[0] ? tsr_last_error() : "no message");
       st = fail(&p->rep, TSR_CHECK_REGISTER, "register_rules failed: %s", why);
+      goto cleanup;
+    }
+  }
+  for (int i = 0; i < set->n; i++) {
+    loaded_plugin *p = &set->p[i];
+    if (!TSR_STRATEGY_HAS(p->desc, check_registry) || !p->desc->check_registry) continue;
+    tsr_plugin_args args = {cfg, p->rep.name, p->rep.path, TSR_ABI_MAJOR, TSR_ABI_MINOR};
+    if ((st = p->desc->check_registry(reg, &args, p->state)) != TSR_OK) {
+      char why[1536];
+      snprintf(why, sizeof why, "%s", tsr_last_error()[0] ? tsr_last_error() : "no message");
+      fail(&p->rep, TSR_CHECK_REGISTRY, "rejects the job: %s", why);
+      p->rep.status = st = TSR_EINVAL; /* a name in the job, not the plugin, is wrong */
       goto cleanup;
     }
   }

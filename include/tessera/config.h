@@ -105,7 +105,7 @@ typedef struct tsr_config {
   struct {
     int ndim;   /* entries of dims */
     int nshape; /* entries of shape; the parser rejects a file where it differs from ndim */
-    char names[TSR_MAX_MESH_DIMS][TSR_MAX_DIM_NAME]; /* canonical spelling (ulysses_cp) */
+    char names[TSR_MAX_MESH_DIMS][TSR_MAX_DIM_NAME]; /* as written; owners' aliases renamed */
     int shape[TSR_MAX_MESH_DIMS];
     int64_t world; /* product of shape */
   } mesh;

@@ -37,7 +37,7 @@ TSR_API void tsr_mesh_free(tsr_mesh_t *m);
 
 TSR_API int tsr_mesh_ndim(const tsr_mesh_t *m);
 TSR_API int tsr_mesh_dim_size(const tsr_mesh_t *m, int dim);
-TSR_API const char *tsr_mesh_dim_name(const tsr_mesh_t *m, int dim); /* canonical spelling */
+TSR_API const char *tsr_mesh_dim_name(const tsr_mesh_t *m, int dim);
 TSR_API int tsr_mesh_nranks(const tsr_mesh_t *m);
 TSR_API const int *tsr_mesh_ranks(const tsr_mesh_t *m); /* (nranks) global ranks, row-major */
 /* Index of the dim called `name` (alias-aware), or -1. */
@@ -46,7 +46,9 @@ TSR_API int tsr_mesh_find_dim(const tsr_mesh_t *m, const char *name);
 TSR_API int tsr_mesh_size_of(const tsr_mesh_t *m, const char *name);
 /* Name of the dim that tsr_mesh_unbind removed to make this mesh, or NULL. */
 TSR_API const char *tsr_mesh_unbound_dim(const tsr_mesh_t *m);
-/* Canonical spelling of a dim name: "ulysess_cp" -> "ulysses_cp", others unchanged. */
+/* Kept for plugins built against ABI 1.0: returns `name`. A dim's other spellings are declared
+ * by the plugin that owns it (tsr_strategy.dim_aliases) and renamed when the job loads, so every
+ * mesh holds each dim's own name. */
 TSR_API const char *tsr_mesh_canonical_name(const char *name);
 
 /* Mesh coordinates of `rank` (ndim entries). False when the rank is not in the mesh. */

@@ -21,7 +21,9 @@
  * versions: the file opens (and links: dlopen with RTLD_NOW); the entry symbol exists; abi_major
  * equals the core's; struct_size covers every field the core reads; reserved fields are zero; name
  * matches the name the job asked for; mandatory callbacks are set; required strategies are loaded;
- * no mesh dim has two owners; the [strategy.NAME] keys are valid; validate and init succeed.
+ * mesh dims spelled by an alias a plugin declares are renamed; no mesh dim has two owners; the
+ * [strategy.NAME] keys are valid; validate, init and register_rules succeed; once every plugin
+ * has registered, check_registry (ABI 1.1) accepts the job.
  * fini runs for every plugin whose init ran, newest first, whether the job succeeds or not.
  */
 #ifndef TESSERA_PLUGIN_H
@@ -41,7 +43,7 @@ extern "C" {
 #endif
 
 #define TSR_ABI_MAJOR         1
-#define TSR_ABI_MINOR         0
+#define TSR_ABI_MINOR         1
 #define TSR_PLUGIN_SYMBOL     "tsr_plugin_v1"
 #define TSR_PLUGIN_PREFIX     "libtessera-"
 #define TSR_PLUGIN_SUFFIX     ".so"
@@ -96,7 +98,23 @@ typedef struct tsr_strategy {
 
   /* Must be zero in ABI 1.0 (see the version policy above). */
   void *reserved[TSR_STRATEGY_RESERVED];
+
+  /* ---- ABI 1.1. Read only when struct_size covers them: a 1.0 plugin has neither. ---- */
+
+  /* Optional. Other spellings of the dims above, as pairs {"alias", "dim", ..., NULL}. A job's
+   * mesh may name an owned dim by an alias: the loader renames it to the dim before any check,
+   * so the plugin, the core and the model only ever see the dim's own name. */
+  const char *const *dim_aliases;
+  /* Optional. Runs once after every loaded plugin has registered, to check what the job names
+   * against what was registered (a schedule another plugin added, for example); report failures
+   * with tsr_config_error, listing the registered choices. */
+  tsr_status (*check_registry)(const tsr_registry_t *reg, const tsr_plugin_args *args,
+                               void *state);
 } tsr_strategy;
+
+/* True when descriptor `d` was built with `field` (a member appended after ABI 1.0). */
+#define TSR_STRATEGY_HAS(d, field)                                                                 \
+  ((d)->struct_size >= offsetof(tsr_strategy, field) + sizeof(((tsr_strategy *)0)->field))
 
 /* For a plugin's validate: refuses a job whose [job] device is not the CPU, for a plugin that
  * reads or writes tensor memory from the host (its own loops, or the tsr_kernel_* functions of
@@ -163,6 +181,7 @@ typedef enum tsr_plugin_check {
   TSR_CHECK_VALIDATE,  /* validate accepts the job */
   TSR_CHECK_INIT,      /* init succeeds */
   TSR_CHECK_REGISTER,  /* register_rules succeeds */
+  TSR_CHECK_REGISTRY,  /* check_registry accepts what every plugin registered (ABI 1.1) */
 } tsr_plugin_check;
 
 TSR_API const char *tsr_plugin_check_name(tsr_plugin_check c); /* "open", "symbol", "major", ... */

@@ -6,7 +6,8 @@
  * rule composes: when another dim still shards the sequence after the move, it hands the call to
  * that dim's attention rule, so Ulysses and ring attention combine in either mesh order.
  *
- * The dim also answers to the seed's spelling `ulysess_cp` (the mesh treats both as one name).
+ * The dim also answers to the seed's spelling `ulysess_cp`: the plugin declares it an alias, and
+ * the loader renames it in the job's mesh before anything reads it.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "tessera/plugin.h"
 
 static const char *const ulysses_dims[] = {ULYSSES_DIM, NULL};
+static const char *const ulysses_aliases[] = {"ulysess_cp", ULYSSES_DIM, NULL};
 
 /* Heads and sequence must split over the degree; tensor parallelism splits the heads first, so
  * the per-rank counts after tp are the ones checked. */
@@ -92,6 +94,7 @@ static const tsr_strategy ulysses_desc = {
     .init = ulysses_init,
     .fini = ulysses_fini,
     .register_rules = ulysses_register,
+    .dim_aliases = ulysses_aliases,
 };
 
 TSR_PLUGIN_DEFINE(ulysses_desc);

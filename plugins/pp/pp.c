@@ -7,6 +7,7 @@
  */
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,8 +17,9 @@
 static const char *const pp_dims[] = {"pp", NULL};
 
 static const tsr_key_spec pp_keys[] = {
-    {"schedule", TSR_KEY_ENUM, "1f1b", 0, 0, "gpipe|1f1b|interleaved_1f1b|zero_bubble",
-     "order of forwards and backwards over the microbatches of a step"},
+    {"schedule", TSR_KEY_STRING, "1f1b", 0, 0, NULL,
+     "order of forwards and backwards over the microbatches of a step: gpipe, 1f1b, "
+     "interleaved_1f1b, zero_bubble, or a schedule another loaded plugin registers"},
     {"microbatches", TSR_KEY_INT, "1", 1, 4096, NULL,
      "microbatches per step (per accumulation step); at most the rows of one"},
     {"stages_per_rank", TSR_KEY_INT, "1", 1, 64, NULL,
@@ -137,6 +139,28 @@ static tsr_status pp_register(tsr_registry_t *reg, const tsr_plugin_args *args, 
   return tsr_registry_set_stage_dim(reg, args->name, pp_dims[0]);
 }
 
+/* The schedule the job names must be one some loaded plugin registered: known only now, after
+ * every plugin has registered, so a third party's schedule is as selectable as ours. */
+static tsr_status pp_check_registry(const tsr_registry_t *reg, const tsr_plugin_args *args,
+                                    void *state) {
+  (void)state;
+  const char *want = tsr_config_get(args->config, args->name, pp_keys, "schedule");
+  if (tsr_registry_find_schedule(reg, want)) return TSR_OK;
+  char names[512] = "";
+  size_t o = 0;
+  for (int i = 0; i < tsr_registry_schedule_count(reg) && o < sizeof names; i++) {
+    const tsr_schedule *sc = tsr_registry_schedule_at(reg, i);
+    o += (size_t)snprintf(names + o, sizeof names - o, "%s%s (%s)", i ? ", " : "", sc->name,
+                          sc->owner ? sc->owner : "?");
+  }
+  char section[64];
+  snprintf(section, sizeof section, "strategy.%s", args->name);
+  return tsr_config_error(args->config, TSR_EINVAL, section, "schedule",
+                          "no loaded plugin registers a pipeline schedule '%s'; the registered "
+                          "schedules are: %s",
+                          want, names);
+}
+
 static const tsr_strategy pp_desc = {
     .abi_major = TSR_ABI_MAJOR,
     .abi_minor = TSR_ABI_MINOR,
@@ -152,6 +176,7 @@ static const tsr_strategy pp_desc = {
     .init = pp_init,
     .fini = pp_fini,
     .register_rules = pp_register,
+    .check_registry = pp_check_registry,
 };
 
 TSR_PLUGIN_DEFINE(pp_desc);

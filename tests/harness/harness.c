@@ -1,4 +1,5 @@
 /* Test harness shared by the model-on-a-mesh tests (see harness.h). */
+#include <pthread.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -109,4 +110,26 @@ void tsr_test_step_expect_close(const tsr_test_step_result *mesh, const tsr_test
     tsr_test_expect_close(mesh->after[i], one->after[i], rtol, atol, "after the step, parameter",
                           i);
   }
+}
+
+static tsr_registry_t *layout;
+static pthread_once_t layout_once = PTHREAD_ONCE_INIT;
+
+static void layout_make(void) {
+  static const char *const batch[] = {"dp", "dp_shard", "dp_replicate"};
+  static const char *const seq[] = {"ring_cp", "ulysses_cp"};
+  tsr_registry_t *reg = NULL;
+  tsr_status st = tsr_registry_new(&reg);
+  for (int i = 0; i < 3 && st == TSR_OK; i++)
+    st = tsr_registry_add_data_split(reg, "test", batch[i], tsr_shard(0));
+  for (int i = 0; i < 2 && st == TSR_OK; i++)
+    st = tsr_registry_add_data_split(reg, "test", seq[i], tsr_shard(1));
+  if (st == TSR_OK) st = tsr_registry_set_stage_dim(reg, "test", "pp");
+  if (st != TSR_OK) fail_msg("test layout: %s", tsr_last_error());
+  layout = reg;
+}
+
+const tsr_registry_t *tsr_test_layout(void) {
+  pthread_once(&layout_once, layout_make);
+  return layout;
 }

@@ -20,6 +20,12 @@
  * intermediate 20 split unevenly over 2, 3 and 4 ranks; 4 heads over 2 kv heads; 2 layers. */
 extern const tsr_llama_config tsr_test_llama;
 
+/* A registry with the data layout and pipeline stages the in-tree plugins declare (batch split
+ * over dp, dp_shard and dp_replicate, sequence split over ring_cp and ulysses_cp, stages over
+ * pp) and no rule: for tests that run the model on those dims through the core's generic rules
+ * alone. Made once, shared by every rank; never freed. */
+const tsr_registry_t *tsr_test_layout(void);
+
 /* Gathers x to a full tensor (collective over x's mesh, or over `job_mesh` when x lives on one
  * pipeline stage of it: the move to the whole mesh broadcasts along pp). When `keep`, *out is a
  * copy that does not come from the rank's allocator, so it outlives the rank; otherwise *out is

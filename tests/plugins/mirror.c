@@ -97,8 +97,8 @@ static tsr_status mirror_register(tsr_registry_t *reg, const tsr_plugin_args *ar
         .style = mirror_styles[i],
         .mesh_dim = "mirror",
         .owner = args->name,
-        .nparams = 2,
-        .params = {{"weight", tsr_replicate()}, {"bias", tsr_replicate()}},
+        .nparams = 1,
+        .params = {{"weight", tsr_replicate()}},
         .input = tsr_replicate(),
         .output = tsr_replicate(),
     };

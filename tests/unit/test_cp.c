@@ -52,10 +52,11 @@ static const char *plugin_of(const char *dim) {
   if (!strcmp(dim, "ring_cp")) return "cp_ring";
   if (!strcmp(dim, "ulysses_cp") || !strcmp(dim, "ulysess_cp")) return "cp_ulysses";
   if (!strcmp(dim, "tp")) return "tp";
-  return NULL; /* dp: the core's generic rules, no owner needed in the job */
+  if (!strcmp(dim, "dp")) return "dp";
+  return NULL;
 }
 
-/* The job file the plugins see: the case's mesh without dp, the model and the data shape. */
+/* The job file the plugins see: the case's mesh, the model and the data shape. */
 static void job_text(const cp_case *c, char *buf, size_t len) {
   char dims[128] = "", shape[64] = "", load[128] = "";
   for (int i = 0; i < c->ndim; i++) {
@@ -147,6 +148,11 @@ static void compare_with_one_rank(cp_case *c) {
   one.names[0] = "dp";
   one.reg = NULL;
   c->reg = plugins.reg;
+  /* the run's mesh takes the dim names the loader settled (an owner's alias renamed) */
+  for (int i = 0; i < c->ndim; i++)
+    for (int k = 0; k < plugins.cfg->mesh.ndim; k++)
+      if (!strcmp(plugin_of(c->names[i]), plugin_of(plugins.cfg->mesh.names[k])))
+        c->names[i] = plugins.cfg->mesh.names[k];
   if (tsr_local_launch(1, 60.0, run_step, &one) != TSR_OK) fail_msg("%s", tsr_last_error());
   if (tsr_local_launch(world_of(c), 60.0, run_step, c) != TSR_OK) fail_msg("%s", tsr_last_error());
   if (c->st0 != TSR_OK) fail_msg("%s", c->msg0);

@@ -39,7 +39,7 @@ static tsr_status tensor_body(tsr_comm_t *comm, void *arg) {
   tsr_rank_t *r = NULL;
   tsr_tensor *h = NULL, *d = NULL, *dp = NULL, *dc = NULL, *back = NULL, *hp = NULL, *cast = NULL;
   tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_rank_set_device(r, emu), st);
   tsr_allocator *a = tsr_rank_allocator(r);
   int64_t shape[3] = {2, 3, 4};
@@ -113,7 +113,7 @@ static tsr_status touch_body(tsr_comm_t *comm, void *arg) {
   tsr_rank_t *r = NULL;
   tsr_tensor *d = NULL;
   int64_t n = 16;
-  TSR_CHECK(tsr_rank_new(comm, NULL, &r));
+  TSR_CHECK(tsr_rank_new(comm, tsr_test_layout(), &r));
   if (tsr_rank_set_device(r, emu) == TSR_OK &&
       tsr_tensor_new(tsr_rank_allocator(r), TSR_F32, 1, &n, &d) == TSR_OK) {
     volatile float *p = tsr_tensor_data(d);
@@ -199,7 +199,7 @@ static tsr_status coll_body(tsr_comm_t *comm, void *arg) {
   tsr_status st = TSR_OK;
   tsr_group_t *g;
   int ranks[WORLD] = {0, 1, 2};
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_rank_set_device(r, emu), st);
   TSR_CHECK_GOTO(tsr_comm_group(comm, WORLD, ranks, "dp", &g), st);
   int64_t n = 6;
@@ -336,7 +336,7 @@ static tsr_status red_body(tsr_comm_t *comm, void *arg) {
   tsr_group_t *g;
   int ranks[WORLD] = {0, 1, 2};
   tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_rank_set_device(r, emu), st);
   TSR_CHECK_GOTO(tsr_comm_group(comm, WORLD, ranks, "dp", &g), st);
   for (size_t i = 0; i < sizeof red_cases / sizeof red_cases[0]; i++)
@@ -375,7 +375,7 @@ static tsr_status step_body(tsr_comm_t *comm, void *arg) {
     tok[i] = (i * 5) % tsr_test_llama.vocab_size;
     lab[i] = i % 7 == 3 ? -100 : (i * 5 + 1) % tsr_test_llama.vocab_size;
   }
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   if (sc->on_device) TSR_CHECK_GOTO(tsr_rank_set_device(r, emu), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), sc->ndim, sc->shape, sc->names, &m), st);
   TSR_CHECK_GOTO(tsr_llama_new(r, m, &tsr_test_llama, 99, &model), st);

@@ -65,7 +65,7 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
   int32_t hid[B * L], hlab[B * L];
   tsr_status st = TSR_OK;
   fill(hid, hlab);
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), pc->ndim, pc->shape, pc->names, &m), st);
   tsr_llama_config cfg = base_cfg;
   if (pc->layers) cfg.num_hidden_layers = pc->layers;
@@ -236,7 +236,7 @@ static tsr_status run_tied(tsr_comm_t *comm, void *arg) {
   int32_t hid[B * L], hlab[B * L];
   tsr_status st = TSR_OK;
   fill(hid, hlab);
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(tsr_comm_world(comm), 1, shape, names, &m), st);
   tsr_llama_config cfg = base_cfg;
   cfg.tie_word_embeddings = true;
@@ -367,7 +367,7 @@ static tsr_status build_only(tsr_comm_t *comm, void *arg) {
   int shape[1] = {2};
   const char *names[1] = {"pp"};
   tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(2, 1, shape, names, &m), st);
   st = tsr_llama_new_staged(r, m, &base_cfg, 7, layout, &model);
 cleanup:
@@ -503,7 +503,7 @@ static tsr_status split_run(tsr_comm_t *comm, void *arg) {
   const char *names[1] = {"dp"};
   int64_t xs[3] = {2, 3, 8}, w1s[2] = {6, 8}, gs[1] = {6}, w2s[2] = {5, 6};
   tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(1, 1, shape1, names, &m), st);
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
   TSR_CHECK_GOTO(leaf_of(r, m, 3, xs, 1, "x", &v.x), st);
@@ -579,7 +579,7 @@ static tsr_status zb_events(tsr_comm_t *comm, void *arg) {
   int32_t hid[B * L], hlab[B * L];
   tsr_status st = TSR_OK;
   fill(hid, hlab);
-  TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &r), st);
+  TSR_CHECK_GOTO(tsr_rank_new(comm, tsr_test_layout(), &r), st);
   TSR_CHECK_GOTO(tsr_mesh_init(3, 1, pc->shape, pc->names, &m), st);
   TSR_CHECK_GOTO(tsr_llama_new(r, m, &base_cfg, 7, &model), st);
   tsr_pipe_result res;

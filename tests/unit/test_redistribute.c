@@ -550,8 +550,8 @@ static tsr_status run_misc(tsr_comm_t *comm, void *arg) {
   tsr_placement rr[2] = {tsr_replicate(), tsr_replicate()};
   tsr_dtensor *x, *y;
   TSR_CHECK(tsr_dtensor_distribute(r, mc->mesh, full, rr, &x));
-  /* The seed's input dict: names the mesh lacks are ignored, the alias is accepted. */
-  const char *names[4] = {"dp", "tp", "ulysess_cp", "ring_cp"};
+  /* The seed's input dict: names the mesh lacks are ignored, placed by their names. */
+  const char *names[4] = {"dp", "tp", "ulysses_cp", "ring_cp"};
   tsr_placement want[4] = {tsr_shard(0), tsr_replicate(), tsr_shard(1), tsr_shard(1)};
   TSR_CHECK(tsr_dtensor_redistribute_by_dict(r, x, mc->mesh, 4, names, want, &y));
   TSR_INVARIANT(tsr_placement_equal(y->placements[0], tsr_shard(0)));

@@ -145,8 +145,8 @@ cleanup:
 }
 
 /* The job file a run of `c` corresponds to; `extra` is appended. No dp plugin is loaded: the
- * core's generic rules shard the batch over dp (as in test_model_mesh.c), so the job the loader
- * checks keeps dp at 1 and the run's mesh adds it. */
+ * test declares the batch split over dp and the core's generic rules do the rest (as in
+ * test_model_mesh.c), so the job the loader checks keeps dp at 1 and the run's mesh adds it. */
 static void job_text(const tp_case *c, const char *extra, char *buf, size_t len) {
   const tsr_llama_config *m = &c->cfg;
   snprintf(buf, len,
@@ -168,6 +168,9 @@ static void run_and_compare(tp_case many) {
   job_text(&many, NULL, text, sizeof text);
   tsr_plugin_job plugins;
   if (tsr_plugin_job_load_string(text, "job.ini", &plugins) != TSR_OK)
+    fail_msg("%s", tsr_last_error());
+  /* the run's dp splits the batch by declaration alone, as test_model_mesh.c's dims do */
+  if (tsr_registry_add_data_split(plugins.reg, "test", "dp", tsr_shard(0)) != TSR_OK)
     fail_msg("%s", tsr_last_error());
   many.reg = plugins.reg;
   int world = many.dp * many.tp;
