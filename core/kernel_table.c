@@ -35,7 +35,14 @@ static tsr_status cpu_allocator_init(tsr_allocator *a, int ordinal) {
 static void cpu_allocator_release(tsr_allocator *a) {
   (void)a;
 }
-static void cpu_copy(void *dst, const void *src, size_t bytes) {
+/* Host memory on both sides: the three directions are one memmove. */
+static void cpu_copy_h2d(void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_copy_d2h(void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(dst, src, bytes);
+}
+static void cpu_copy_d2d(void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(dst, src, bytes);
 }
 static void cpu_zero(void *dst, size_t bytes) {
@@ -82,52 +89,39 @@ void tsr_add_host(float *out, const float *a, const float *b, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+static void cpu_copy_strided(void *dst, const int64_t *dst_stride, const void *src,
+                             const int64_t *src_stride, const int64_t *shape, int ndim,
+                             size_t elem_size) {
+  tsr_copy_strided_host(dst, dst_stride, src, src_stride, shape, ndim, elem_size);
+}
+static void cpu_add(float *out, const float *a, const float *b, int64_t n) {
+  tsr_add_host(out, a, b, n);
+}
+
+/* ---- the CPU table, from the list (tessera/device.h) ----
+ * The kernels are the kernels.h functions themselves, so a call through the table computes what
+ * a direct call computes. Redeclaring them from the list turns any difference between the list
+ * and kernels.h into a compile error ("conflicting types") rather than a silent cast. */
+
+#define CPU_DECLARE(name, kind, ret, params, args) CPU_DECLARE_##kind(name, ret, params)
+#define CPU_DECLARE_dev(name, ret, params)         ret tsr_kernel_##name params;
+#define CPU_DECLARE_mixed                          CPU_DECLARE_dev
+#define CPU_DECLARE_host                           CPU_DECLARE_dev
+#define CPU_DECLARE_mem(name, ret, params)         static ret cpu_##name params;
+TSR_KERNEL_LIST(CPU_DECLARE)
+
+#define CPU_FN_dev(name)                          tsr_kernel_##name
+#define CPU_FN_mixed(name)                        tsr_kernel_##name
+#define CPU_FN_host(name)                         tsr_kernel_##name
+#define CPU_FN_mem(name)                          cpu_##name
+#define CPU_MEMBER(name, kind, ret, params, args) .name = CPU_FN_##kind(name),
+
 static const tsr_kernel_table cpu_table = {
     .abi = TSR_KERNEL_TABLE_ABI,
     .struct_size = sizeof(tsr_kernel_table),
     .name = "cpu",
     .device = TSR_DEVICE_CPU,
-    .gemm = tsr_kernel_gemm,
-    .matmul_forward = tsr_kernel_matmul_forward,
-    .matmul_backward = tsr_kernel_matmul_backward,
-    .rmsnorm_forward = tsr_kernel_rmsnorm_forward,
-    .rmsnorm_backward = tsr_kernel_rmsnorm_backward,
-    .rope_tables = tsr_kernel_rope_tables,
-    .rope_forward = tsr_kernel_rope_forward,
-    .rope_backward = tsr_kernel_rope_backward,
-    .blhd_to_bhld = tsr_kernel_blhd_to_bhld,
-    .bhld_to_blhd = tsr_kernel_bhld_to_blhd,
-    .swiglu_forward = tsr_kernel_swiglu_forward,
-    .swiglu_backward = tsr_kernel_swiglu_backward,
-    .embedding_forward = tsr_kernel_embedding_forward,
-    .embedding_backward = tsr_kernel_embedding_backward,
-    .cross_entropy = tsr_kernel_cross_entropy,
-    .logits_row_max = tsr_kernel_logits_row_max,
-    .logits_row_sumexp = tsr_kernel_logits_row_sumexp,
-    .logits_target = tsr_kernel_logits_target,
-    .cross_entropy_shard_backward = tsr_kernel_cross_entropy_shard_backward,
-    .attention_forward = tsr_kernel_attention_forward,
-    .attention_backward = tsr_kernel_attention_backward,
-    .attention_forward_blhd = tsr_kernel_attention_forward_blhd,
-    .attention_backward_blhd = tsr_kernel_attention_backward_blhd,
-    .attention_merge = tsr_kernel_attention_merge,
-    .adamw = tsr_kernel_adamw,
-    .sum_squares = tsr_kernel_sum_squares,
-    .global_norm = tsr_kernel_global_norm,
-    .clip_coef = tsr_kernel_clip_coef,
-    .scale = tsr_kernel_scale,
-    .owns = cpu_owns,
-    .allocator_init = cpu_allocator_init,
-    .allocator_release = cpu_allocator_release,
-    .copy_h2d = cpu_copy,
-    .copy_d2h = cpu_copy,
-    .copy_d2d = cpu_copy,
-    .zero = cpu_zero,
-    .copy_strided = tsr_copy_strided_host,
-    .add = tsr_add_host,
-    .sync = cpu_sync,
-    .matmul_forward_bf16 = tsr_kernel_matmul_forward_bf16,
-    .matmul_backward_bf16 = tsr_kernel_matmul_backward_bf16,
+    TSR_KERNEL_LIST(CPU_MEMBER) /* each entry's CPU_FN_<kind> */
 };
 
 const tsr_kernel_table *tsr_kernel_table_cpu(void) {
@@ -145,6 +139,16 @@ static const tsr_kernel_table *cuda_table;
 static char cuda_why[2048];
 /* cuda_table once open, readable without the once (tsr_kernel_table_of_ptr). */
 static _Atomic(const tsr_kernel_table *) cuda_open;
+
+/* The first member of `t` that is NULL, or NULL when every one is set. A table is used without
+ * checks on the hot path, so one from another build is checked once, when it is opened. */
+static const char *missing_entry(const tsr_kernel_table *t) {
+#define MISSING(entry, kind, ret, params, args)                                                    \
+  if (!t->entry) return #entry;
+  TSR_KERNEL_LIST(MISSING)
+#undef MISSING
+  return NULL;
+}
 
 static void open_cuda(void) {
   if (!TSR_CUDA_BUILT) {
@@ -183,6 +187,14 @@ static void open_cuda(void) {
              "device 'cuda': libtessera-cuda.so has kernel table ABI %u (size %u), this core "
              "needs %d (size %zu); rebuild them together",
              t->abi, t->struct_size, TSR_KERNEL_TABLE_ABI, sizeof(tsr_kernel_table));
+    return;
+  }
+  const char *missing = missing_entry(t);
+  if (missing) {
+    snprintf(cuda_why, sizeof cuda_why,
+             "device 'cuda': the kernel table of libtessera-cuda.so has no '%s'; rebuild it with "
+             "this core",
+             missing);
     return;
   }
   cuda_table = t;

@@ -17,8 +17,8 @@
  * `sync`. Host values that a rule needs (a scalar, the labels to count) come through
  * tsr_tensor_get or tsr_tensor_to, which wait for the queued work.
  *
- * Compatibility: fields are only ever appended, and TSR_KERNEL_TABLE_ABI grows when they are; a
- * plugin built against an older table reads only the fields it knew. */
+ * Compatibility: members are only ever appended, and TSR_KERNEL_TABLE_ABI grows when they are; a
+ * plugin built against an older table reads only the members it knew. */
 #ifndef TESSERA_DEVICE_H
 #define TESSERA_DEVICE_H
 
@@ -35,119 +35,190 @@
 extern "C" {
 #endif
 
-/* Raised when a field is added; the core refuses a table whose abi differs or whose struct_size
- * does not cover the fields it reads. */
+/* Raised when a member is added; the core refuses a table whose abi differs or whose struct_size
+ * does not cover the members it reads. */
 #define TSR_KERNEL_TABLE_ABI 3
+
+/* ---------------------------------------------------------------------------------------------
+ * The entries of the table, each written once
+ *
+ * One X(name, kind, ret, params, args) per entry, in the struct's order. The struct's members,
+ * every backend's table, the CUDA declarations and the emulated device's wrappers are all made
+ * from this list, so an entry cannot be missing from one of them, and a signature changed here
+ * but not in an implementation fails to compile.
+ *
+ *   name    the member; the functions that implement it are named after it
+ *           (tsr_kernel_<name> on the CPU, tsr_cuda_k_<name> on CUDA)
+ *   kind    how a device serves the entry, which decides what can be generated for it:
+ *             dev    a kernels.h function whose array arguments are all memory of the table's
+ *                    device, so a device only has to translate pointers
+ *             mixed  a kernels.h function that also takes host values through pointers
+ *                    (cross_entropy's loss and n_valid, global_norm's bufs and sizes)
+ *             host   a kernels.h function that touches no device memory: the CPU's serves
+ *                    every table
+ *             mem    a memory operation of the device (ABI 2), with no kernels.h function
+ *   ret, params  the entry's type: ret (*name) params
+ *   args    the parameters' names, for code that forwards a call
+ *
+ * Order is the ABI: append only, and raise TSR_KERNEL_TABLE_ABI.
+ * ------------------------------------------------------------------------------------------- */
+
+/* clang-format off */
+#define TSR_KERNEL_LIST(X)                                                                         \
+  X(gemm, dev, void,                                                                               \
+    (float *c, const float *a, const float *b, int M, int N, int K, bool trans_a, bool trans_b,    \
+     float alpha, float beta),                                                                     \
+    (c, a, b, M, N, K, trans_a, trans_b, alpha, beta))                                             \
+  X(matmul_forward, dev, void,                                                                     \
+    (float *out, const float *x, const float *w, const float *bias, int N, int C, int OC),         \
+    (out, x, w, bias, N, C, OC))                                                                   \
+  X(matmul_backward, dev, void,                                                                    \
+    (float *dx, float *dw, float *dbias, const float *dout, const float *x, const float *w, int N, \
+     int C, int OC),                                                                               \
+    (dx, dw, dbias, dout, x, w, N, C, OC))                                                         \
+                                                                                                   \
+  X(rmsnorm_forward, dev, void,                                                                    \
+    (float *out, float *rstd, const float *x, const float *w, int N, int C, float eps),            \
+    (out, rstd, x, w, N, C, eps))                                                                  \
+  X(rmsnorm_backward, dev, void,                                                                   \
+    (float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,   \
+     int N, int C),                                                                                \
+    (dx, dw, dout, x, w, rstd, N, C))                                                              \
+                                                                                                   \
+  X(rope_tables, dev, tsr_status,                                                                  \
+    (float *cos_t, float *sin_t, const int32_t *pos, int L, int D, float theta),                   \
+    (cos_t, sin_t, pos, L, D, theta))                                                              \
+  X(rope_forward, dev, void,                                                                       \
+    (float *out, const float *x, const float *cos_t, const float *sin_t, int B, int L, int H,      \
+     int D),                                                                                       \
+    (out, x, cos_t, sin_t, B, L, H, D))                                                            \
+  X(rope_backward, dev, void,                                                                      \
+    (float *dx, const float *dout, const float *cos_t, const float *sin_t, int B, int L, int H,    \
+     int D),                                                                                       \
+    (dx, dout, cos_t, sin_t, B, L, H, D))                                                          \
+  X(blhd_to_bhld, dev, void, (float *out, const float *x, int B, int L, int H, int D),             \
+    (out, x, B, L, H, D))                                                                          \
+  X(bhld_to_blhd, dev, void, (float *out, const float *x, int B, int L, int H, int D),             \
+    (out, x, B, L, H, D))                                                                          \
+                                                                                                   \
+  X(swiglu_forward, dev, void, (float *out, const float *gate, const float *up, int64_t n),        \
+    (out, gate, up, n))                                                                            \
+  X(swiglu_backward, dev, void,                                                                    \
+    (float *dgate, float *dup, const float *dout, const float *gate, const float *up, int64_t n),  \
+    (dgate, dup, dout, gate, up, n))                                                               \
+                                                                                                   \
+  X(embedding_forward, dev, tsr_status,                                                            \
+    (float *out, const int32_t *ids, const float *table, int N, int V, int C),                     \
+    (out, ids, table, N, V, C))                                                                    \
+  X(embedding_backward, dev, tsr_status,                                                           \
+    (float *dtable, const float *dout, const int32_t *ids, int N, int V, int C),                   \
+    (dtable, dout, ids, N, V, C))                                                                  \
+                                                                                                   \
+  X(cross_entropy, mixed, tsr_status,                                                              \
+    (float *loss, int *n_valid, float *dlogits, const float *logits, const int32_t *targets,       \
+     int N, int V, float dloss),                                                                   \
+    (loss, n_valid, dlogits, logits, targets, N, V, dloss))                                        \
+  X(logits_row_max, dev, void, (float *row_max, const float *logits, int N, int Vl),               \
+    (row_max, logits, N, Vl))                                                                      \
+  X(logits_row_sumexp, dev, void,                                                                  \
+    (float *sumexp, const float *logits, const float *row_max, int N, int Vl),                     \
+    (sumexp, logits, row_max, N, Vl))                                                              \
+  X(logits_target, dev, void,                                                                      \
+    (float *target_logit, const float *logits, const int32_t *targets, int N, int Vl,              \
+     int vocab_start),                                                                             \
+    (target_logit, logits, targets, N, Vl, vocab_start))                                           \
+  X(cross_entropy_shard_backward, dev, void,                                                       \
+    (float *dlogits, const float *logits, const int32_t *targets, const float *row_max,            \
+     const float *sumexp, int N, int Vl, int vocab_start, float scale),                            \
+    (dlogits, logits, targets, row_max, sumexp, N, Vl, vocab_start, scale))                        \
+                                                                                                   \
+  X(attention_forward, dev, tsr_status,                                                            \
+    (float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *q_pos, \
+     const int32_t *k_pos, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal),            \
+    (out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal))                              \
+  X(attention_backward, dev, tsr_status,                                                           \
+    (float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,           \
+     const float *v, const float *out, const float *lse, const int32_t *q_pos,                     \
+     const int32_t *k_pos, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal),            \
+    (dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal))            \
+  /* The same on the projection layout: q, out, dq, dout (B, Lq, Hq, D); k, v, dk, dv            \
+   * (B, Lk, Hkv, D); lse (B, Hq, Lq). */                                                          \
+  X(attention_forward_blhd, dev, tsr_status,                                                       \
+    (float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *q_pos, \
+     const int32_t *k_pos, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal),            \
+    (out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal))                              \
+  X(attention_backward_blhd, dev, tsr_status,                                                      \
+    (float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,           \
+     const float *v, const float *out, const float *lse, const int32_t *q_pos,                     \
+     const int32_t *k_pos, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal),            \
+    (dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal))            \
+  X(attention_merge, dev, void,                                                                    \
+    (float *out, float *lse, const float *out_a, const float *lse_a, const float *out_b,           \
+     const float *lse_b, int R, int D),                                                            \
+    (out, lse, out_a, lse_a, out_b, lse_b, R, D))                                                  \
+                                                                                                   \
+  X(adamw, dev, void,                                                                              \
+    (float *param, const float *grad, float *m, float *v, int64_t n, int step, double lr,          \
+     double beta1, double beta2, double eps, double weight_decay),                                 \
+    (param, grad, m, v, n, step, lr, beta1, beta2, eps, weight_decay))                             \
+  X(sum_squares, dev, double, (const float *x, int64_t n), (x, n))                                 \
+  X(global_norm, mixed, double, (const float *const *bufs, const int64_t *sizes, int nbufs),       \
+    (bufs, sizes, nbufs))                                                                          \
+  X(clip_coef, host, float, (double total_norm, double max_norm), (total_norm, max_norm))          \
+  X(scale, dev, void, (float *x, int64_t n, float s), (x, n, s))                                   \
+                                                                                                   \
+  /* ---- Memory of the table's device (ABI 2) ----                                               \
+   * What the core needs to keep tensors on a device without touching their bytes from the host. \
+   * Byte counts; h2d / d2h name which side is host memory. Work is ordered after what the        \
+   * calling thread queued before (CUDA: its compute stream). copy_h2d returns when src may be    \
+   * reused, copy_d2h when dst holds the data. Void functions keep their first failure for sync, \
+   * as the kernels do. */                                                                         \
+                                                                                                   \
+  /* Whether p points into memory of this device (false for every pointer on the CPU table). */  \
+  X(owns, mem, bool, (const void *p), (p))                                                         \
+  /* Makes a the calling thread's allocator on device ordinal; for CUDA this also creates the     \
+   * thread's context (streams, cuBLAS, caching allocator) and makes it current. Every tensor     \
+   * made from a is freed before allocator_release, on the same thread. */                        \
+  X(allocator_init, mem, tsr_status, (tsr_allocator *a, int ordinal), (a, ordinal))                \
+  X(allocator_release, mem, void, (tsr_allocator *a), (a))                                         \
+  X(copy_h2d, mem, void, (void *dst, const void *src, size_t bytes), (dst, src, bytes))            \
+  X(copy_d2h, mem, void, (void *dst, const void *src, size_t bytes), (dst, src, bytes))            \
+  X(copy_d2d, mem, void, (void *dst, const void *src, size_t bytes), (dst, src, bytes))            \
+  X(zero, mem, void, (void *dst, size_t bytes), (dst, bytes))                                      \
+  /* dst[idx] = src[idx] for every idx of shape (ndim <= TSR_MAX_DIMS; ndim 0 is one element),    \
+   * strides in elements of elem_size bytes (1, 2, 4 or 8), both sides on this device. */         \
+  X(copy_strided, mem, void,                                                                       \
+    (void *dst, const int64_t *dst_stride, const void *src, const int64_t *src_stride,             \
+     const int64_t *shape, int ndim, size_t elem_size),                                            \
+    (dst, dst_stride, src, src_stride, shape, ndim, elem_size))                                    \
+  /* out[i] = a[i] + b[i] in f32; out may be a (accumulation) */                                  \
+  X(add, mem, void, (float *out, const float *a, const float *b, int64_t n), (out, a, b, n))      \
+  /* Waits for the calling thread's queued work; the first failure since the last sync. */        \
+  X(sync, mem, tsr_status, (void), ())                                                             \
+                                                                                                   \
+  /* ---- Mixed precision (ABI 3) ----                                                            \
+   * nn.Linear with bf16 operands and f32 accumulation and outputs: tsr_kernel_matmul_forward_bf16 \
+   * and tsr_kernel_matmul_backward_bf16 (kernels.h). */                                           \
+  X(matmul_forward_bf16, dev, tsr_status,                                                          \
+    (float *out, const float *x, const float *w, const float *bias, int N, int C, int OC),         \
+    (out, x, w, bias, N, C, OC))                                                                   \
+  X(matmul_backward_bf16, dev, tsr_status,                                                         \
+    (float *dx, float *dw, float *dbias, const float *dout, const float *x, const float *w, int N, \
+     int C, int OC),                                                                               \
+    (dx, dw, dbias, dout, x, w, N, C, OC))
+/* clang-format on */
+
+#define TSR_KERNEL_MEMBER_(name, kind, ret, params, args) ret(*name) params;
 
 typedef struct tsr_kernel_table {
   uint32_t abi;         /* TSR_KERNEL_TABLE_ABI of the library that filled it */
   uint32_t struct_size; /* sizeof(tsr_kernel_table) in that library */
-  const char *name;     /* "cpu", "cuda" */
+  const char *name;     /* "cpu", "cuda", "emu" */
   tsr_device_kind device;
-
-  void (*gemm)(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
-               bool trans_b, float alpha, float beta);
-  void (*matmul_forward)(float *out, const float *x, const float *w, const float *bias, int N,
-                         int C, int OC);
-  void (*matmul_backward)(float *dx, float *dw, float *dbias, const float *dout, const float *x,
-                          const float *w, int N, int C, int OC);
-
-  void (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int N, int C,
-                          float eps);
-  void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
-                           const float *rstd, int N, int C);
-
-  tsr_status (*rope_tables)(float *cos_t, float *sin_t, const int32_t *pos, int L, int D,
-                            float theta);
-  void (*rope_forward)(float *out, const float *x, const float *cos_t, const float *sin_t, int B,
-                       int L, int H, int D);
-  void (*rope_backward)(float *dx, const float *dout, const float *cos_t, const float *sin_t, int B,
-                        int L, int H, int D);
-  void (*blhd_to_bhld)(float *out, const float *x, int B, int L, int H, int D);
-  void (*bhld_to_blhd)(float *out, const float *x, int B, int L, int H, int D);
-
-  void (*swiglu_forward)(float *out, const float *gate, const float *up, int64_t n);
-  void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate,
-                          const float *up, int64_t n);
-
-  tsr_status (*embedding_forward)(float *out, const int32_t *ids, const float *table, int N, int V,
-                                  int C);
-  tsr_status (*embedding_backward)(float *dtable, const float *dout, const int32_t *ids, int N,
-                                   int V, int C);
-
-  tsr_status (*cross_entropy)(float *loss, int *n_valid, float *dlogits, const float *logits,
-                              const int32_t *targets, int N, int V, float dloss);
-  void (*logits_row_max)(float *row_max, const float *logits, int N, int Vl);
-  void (*logits_row_sumexp)(float *sumexp, const float *logits, const float *row_max, int N,
-                            int Vl);
-  void (*logits_target)(float *target_logit, const float *logits, const int32_t *targets, int N,
-                        int Vl, int vocab_start);
-  void (*cross_entropy_shard_backward)(float *dlogits, const float *logits, const int32_t *targets,
-                                       const float *row_max, const float *sumexp, int N, int Vl,
-                                       int vocab_start, float scale);
-
-  tsr_status (*attention_forward)(float *out, float *lse, const float *q, const float *k,
-                                  const float *v, const int32_t *q_pos, const int32_t *k_pos, int B,
-                                  int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
-  tsr_status (*attention_backward)(float *dq, float *dk, float *dv, const float *dout,
-                                   const float *q, const float *k, const float *v, const float *out,
-                                   const float *lse, const int32_t *q_pos, const int32_t *k_pos,
-                                   int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
-  /* The same on the projection layout: q, out, dq, dout (B, Lq, Hq, D); k, v, dk, dv
-   * (B, Lk, Hkv, D); lse (B, Hq, Lq). */
-  tsr_status (*attention_forward_blhd)(float *out, float *lse, const float *q, const float *k,
-                                       const float *v, const int32_t *q_pos, const int32_t *k_pos,
-                                       int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
-  tsr_status (*attention_backward_blhd)(float *dq, float *dk, float *dv, const float *dout,
-                                        const float *q, const float *k, const float *v,
-                                        const float *out, const float *lse, const int32_t *q_pos,
-                                        const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
-                                        int Lk, int D, bool causal);
-  void (*attention_merge)(float *out, float *lse, const float *out_a, const float *lse_a,
-                          const float *out_b, const float *lse_b, int R, int D);
-
-  void (*adamw)(float *param, const float *grad, float *m, float *v, int64_t n, int step, double lr,
-                double beta1, double beta2, double eps, double weight_decay);
-  double (*sum_squares)(const float *x, int64_t n);
-  double (*global_norm)(const float *const *bufs, const int64_t *sizes, int nbufs);
-  float (*clip_coef)(double total_norm, double max_norm);
-  void (*scale)(float *x, int64_t n, float s);
-
-  /* ---- Memory of the table's device (ABI 2) ----
-   * What the core needs to keep tensors on a device without touching their bytes from the host.
-   * Byte counts; `h2d` / `d2h` name which side is host memory. Work is ordered after what the
-   * calling thread queued before (CUDA: its compute stream). copy_h2d returns when `src` may be
-   * reused, copy_d2h when `dst` holds the data. Void functions keep their first failure for
-   * `sync`, as the kernels do. */
-
-  /* Whether `p` points into memory of this device (false for every pointer on the CPU table). */
-  bool (*owns)(const void *p);
-  /* Makes `a` the calling thread's allocator on device `ordinal`; for CUDA this also creates the
-   * thread's context (streams, cuBLAS, caching allocator) and makes it current. Every tensor made
-   * from `a` is freed before allocator_release, on the same thread. */
-  tsr_status (*allocator_init)(tsr_allocator *a, int ordinal);
-  void (*allocator_release)(tsr_allocator *a);
-  void (*copy_h2d)(void *dst, const void *src, size_t bytes);
-  void (*copy_d2h)(void *dst, const void *src, size_t bytes);
-  void (*copy_d2d)(void *dst, const void *src, size_t bytes);
-  void (*zero)(void *dst, size_t bytes);
-  /* dst[idx] = src[idx] for every idx of `shape` (ndim <= TSR_MAX_DIMS; ndim 0 is one element),
-   * strides in elements of elem_size bytes (1, 2, 4 or 8), both sides on this device. */
-  void (*copy_strided)(void *dst, const int64_t *dst_stride, const void *src,
-                       const int64_t *src_stride, const int64_t *shape, int ndim, size_t elem_size);
-  /* out[i] = a[i] + b[i] in f32; out may be a (accumulation) */
-  void (*add)(float *out, const float *a, const float *b, int64_t n);
-  /* Waits for the calling thread's queued work; the first failure since the last sync. */
-  tsr_status (*sync)(void);
-
-  /* ---- Mixed precision (ABI 3) ----
-   * nn.Linear with bf16 operands and f32 accumulation and outputs: tsr_kernel_matmul_forward_bf16
-   * and tsr_kernel_matmul_backward_bf16 (kernels.h). */
-  tsr_status (*matmul_forward_bf16)(float *out, const float *x, const float *w, const float *bias,
-                                    int N, int C, int OC);
-  tsr_status (*matmul_backward_bf16)(float *dx, float *dw, float *dbias, const float *dout,
-                                     const float *x, const float *w, int N, int C, int OC);
+  TSR_KERNEL_LIST(TSR_KERNEL_MEMBER_) /* one function pointer per entry, in the list's order */
 } tsr_kernel_table;
+
+#undef TSR_KERNEL_MEMBER_
 
 /* nn.Linear through table `k` at the rank's precision of matrix products
  * (tsr_rank_matmul_dtype): matmul_forward / matmul_backward, or their _bf16 entries. What a rule

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include "cuda_internal.h"
+#include "misc.h" /* the table functions' declarations, which these definitions must match */
 
 /* Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap and every
  * leading dimension is the row-major one, exactly as CBLAS takes them. */
