@@ -1,7 +1,7 @@
 /* GPU training-step benchmark: a Llama decoder stack trained in bf16 mixed precision directly on
  * the CUDA kernel table, with the cuBLAS bf16 GEMM peak measured in the same run.
  *
- * The step is written once against the kernel table (core/kernel_table.h) and a GEMM hook, so it
+ * The step is written once against the kernel table (tessera/device.h) and a GEMM hook, so it
  * runs on three engines:
  *   gpu-bf16  CUDA table; every matrix product in bf16 through cuBLAS with f32 accumulation and
  *             f32 output; f32 master weights, gradients and AdamW state; bf16 weight copies
@@ -29,7 +29,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kernel_table.h"
+#include "tessera/device.h"
+#include "tessera/tensor.h"
 #include "tessera_cuda.h"
 
 #define MAX_STEPS 64
@@ -514,17 +515,29 @@ static int run_gradcheck(void) {
 
 /* ---- engines and modes ---- */
 
+/* The kernel table the core serves for tensors of `alloc` (NULL: the CPU), as a rule reads it. */
+static const tsr_kernel_table *core_table(tsr_allocator *alloc, const char *what) {
+  int64_t one = 1;
+  tsr_tensor *t = NULL;
+  if (tsr_device_check(alloc ? alloc->device : (tsr_device){TSR_DEVICE_CPU, 0}) != TSR_OK ||
+      tsr_tensor_new(alloc, TSR_F32, 1, &one, &t) != TSR_OK)
+    die(what);
+  const tsr_kernel_table *k = tsr_kernel_table_of(t);
+  tsr_tensor_free(t);
+  return k;
+}
+
 static void dev_init(dev *d, engine eng) {
   memset(d, 0, sizeof *d);
   d->eng = eng;
   if (eng == ENGINE_CPU) {
-    d->kt = tsr_kernel_table_cpu();
+    d->kt = core_table(NULL, "CPU kernel table");
     return;
   }
   if (tsr_cuda_ctx_create(0, &d->ctx) != TSR_OK) die("CUDA context");
   tsr_cuda_ctx_make_current(d->ctx);
   tsr_cuda_ctx_set_tf32(d->ctx, false); /* f32 GEMMs are IEEE on gpu-f32; bf16 ones are bf16 */
-  if (tsr_kernel_table_cuda(&d->kt) != TSR_OK) die("CUDA kernel table");
+  d->kt = core_table(tsr_cuda_ctx_allocator(d->ctx), "CUDA kernel table");
   d->attn_gemm = true;
 }
 

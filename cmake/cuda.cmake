@@ -65,7 +65,6 @@ endif()
 # The GPU training benchmark; it exists only with the CUDA kernels (bench/gpu_check.sh runs it).
 if(TESSERA_CUDA_BUILT AND TESSERA_BENCH)
   add_executable(bench_gpu_llama ${PROJECT_SOURCE_DIR}/bench/bench_gpu_llama.c)
-  target_include_directories(bench_gpu_llama PRIVATE ${PROJECT_SOURCE_DIR}/core)
   target_link_libraries(bench_gpu_llama PRIVATE tessera-cuda CUDA::cudart m)
   set_target_properties(bench_gpu_llama PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
 endif()

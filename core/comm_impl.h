@@ -2,9 +2,10 @@
  *
  * Kept out of include/tessera/ on purpose. Every backend (local here, mpi and nccl under
  * backends/) is built in this tree against this exact header, so the struct layouts below can
- * change without an ABI promise; plugins and users see only the opaque handles of comm.h. If a
- * backend ever has to build out of tree, this header moves to include/tessera/backend.h with an
- * abi version field at the head of tsr_comm_iface.
+ * change without an ABI promise; plugins and users see only the opaque handles of comm.h. The
+ * core functions a backend library calls are exported and declared in tessera/backend.h. If a
+ * backend ever has to build out of tree, the layouts move there too, with an abi version field
+ * at the head of tsr_comm_iface.
  *
  * Split of work. The front (comm.c) checks arguments, turns a NULL count array into an explicit
  * one, short-cuts groups of one member, counts bytes and hands the backend a tsr_call that
@@ -19,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "tessera/backend.h"
 #include "tessera/comm.h"
 
 typedef enum tsr_coll {
@@ -33,7 +35,7 @@ typedef enum tsr_coll {
 
 /* One member's view of one collective call: what peers compare, and where the data is. Count
  * arrays have one entry per member and stay valid for the duration of the call. */
-typedef struct tsr_call {
+struct tsr_call {
   tsr_coll kind;
   tsr_dtype dt;
   tsr_reduce_op op;          /* all_reduce, reduce_scatter */
@@ -43,11 +45,11 @@ typedef struct tsr_call {
   const size_t *recv_counts; /* all_to_all */
   const void *send;
   void *recv; /* broadcast: the buffer */
-} tsr_call;
+};
 
 /* Backend entry points. Called only for groups of two or more members with arguments already
  * checked. On failure the backend leaves the message in this thread's last error. */
-typedef struct tsr_comm_iface {
+struct tsr_comm_iface {
   const char *name; /* "local", "mpi", ... */
   /* Attaches the backend's state for the group to g->context. Not collective. */
   tsr_status (*group_init)(tsr_comm_t *c, tsr_group_t *g);
@@ -70,7 +72,7 @@ typedef struct tsr_comm_iface {
   /* Optional. Frees the device memory the backend holds for this member (scratch made from
    * c->device_alloc), before that allocator is released. */
   void (*release_device)(tsr_comm_t *c);
-} tsr_comm_iface;
+};
 
 typedef struct tsr_comm_counter {
   char *label;
@@ -106,11 +108,7 @@ struct tsr_group_t {
   void *context; /* backend's state for the group */
 };
 
-/* A communicator for `rank` of `world` over `iface`. `context` stays owned by the backend. */
-tsr_status tsr_comm_create(const tsr_comm_iface *iface, void *context, int rank, int world,
-                           double timeout_s, tsr_comm_t **out);
-/* Frees the comm, its group handles (through iface->group_free) and its counters. */
-void tsr_comm_destroy(tsr_comm_t *c);
+/* tsr_comm_create and tsr_comm_destroy: tessera/backend.h. */
 
 /* Host copies of a call's device buffers (comm_stage.c), for backends without device_memory. */
 typedef struct tsr_stage {
@@ -130,16 +128,6 @@ tsr_status tsr_stage_end(tsr_stage *s, tsr_status st);
 
 const char *tsr_coll_name(tsr_coll kind);
 
-/* "all_reduce(f32, 1024, sum)" into buf for a group of n members. Returns buf. */
-const char *tsr_call_format(const tsr_call *call, int n, char *buf, size_t len);
-
-/* "[0,1,2,3]" into buf, elided in the middle for long lists. Returns buf. */
-const char *tsr_ranks_format(int n, const int *ranks, char *buf, size_t len);
-
-/* Compares every member's call (calls[i], seqs[i]: member i's call and sequence number) and
- * returns TSR_OK, or TSR_ECOMM with the message that every member must report written to msg:
- * the group, the sequence number and the first disagreeing pair of calls. */
-tsr_status tsr_call_check(const tsr_group_t *g, const tsr_call *const *calls, const uint64_t *seqs,
-                          char *msg, size_t len);
+/* tsr_call_format, tsr_ranks_format and tsr_call_check: tessera/backend.h. */
 
 #endif

@@ -6,7 +6,8 @@
 #include <string.h>
 
 #include "test_kernels_util.h"
-#include "kernel_table.h"
+#include "tessera/device.h"
+#include "tessera/tensor.h"
 #include "tessera_cuda.h"
 
 /* ctest's SKIP_RETURN_CODE for these tests (tests/cuda/CMakeLists.txt). */
@@ -28,6 +29,20 @@ static inline int cuda_test_setup(const char *test) {
   }
   tsr_cuda_ctx_make_current(g_ctx);
   return 0;
+}
+
+/* The kernel table the core serves for tensors of `alloc` (NULL: the CPU), read off a tensor as
+ * rules and plugins read it (tsr_kernel_table_of): for the CUDA context's allocator, the table
+ * the core loaded from libtessera-cuda.so. On failure the last error says why. */
+static inline tsr_status core_kernel_table(tsr_allocator *alloc, const tsr_kernel_table **out) {
+  *out = NULL;
+  TSR_CHECK(tsr_device_check(alloc ? alloc->device : (tsr_device){TSR_DEVICE_CPU, 0}));
+  int64_t one = 1;
+  tsr_tensor *t = NULL;
+  TSR_CHECK(tsr_tensor_new(alloc, TSR_F32, 1, &one, &t));
+  *out = tsr_kernel_table_of(t);
+  tsr_tensor_free(t);
+  return TSR_OK;
 }
 
 static inline void *dev_alloc(size_t bytes) {

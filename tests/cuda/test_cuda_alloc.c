@@ -62,7 +62,7 @@ static void test_streams_ordered_by_events(void **state) {
   float *x = dev_f(host, n), *y = dev_alloc((size_t)n * 4);
   /* Compute writes x, comm copies it to y, compute scales y: correct only if both waits hold. */
   const tsr_kernel_table *gpu = NULL;
-  assert_int_equal(tsr_kernel_table_cuda(&gpu), TSR_OK);
+  assert_int_equal(core_kernel_table(tsr_cuda_ctx_allocator(g_ctx), &gpu), TSR_OK);
   gpu->scale(x, n, 2.0f);
   assert_int_equal(tsr_cuda_ctx_comm_waits_compute(g_ctx), TSR_OK);
   assert_int_equal(cudaMemcpyAsync(y, x, (size_t)n * 4, cudaMemcpyDeviceToDevice,

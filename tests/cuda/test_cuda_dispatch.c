@@ -4,14 +4,27 @@
 #include <string.h>
 
 #include "test_kernels_util.h"
-#include "kernel_table.h"
+#include "tessera/device.h"
+#include "tessera/tensor.h"
 #if TSR_TEST_CUDA_BUILT
 #include "tessera_cuda.h"
 #endif
 
+/* The table the core serves for a tensor of `alloc` (NULL: the CPU), as a rule reads it. */
+static const tsr_kernel_table *table_of_new_tensor(tsr_allocator *alloc) {
+  int64_t one = 1;
+  tsr_tensor *x = NULL;
+  assert_int_equal(tsr_tensor_new(alloc, TSR_F32, 1, &one, &x), TSR_OK);
+  const tsr_kernel_table *t = tsr_kernel_table_of(x);
+  tsr_tensor_free(x);
+  assert_non_null(t);
+  return t;
+}
+
 static void test_cpu_table_is_the_kernels(void **state) {
   (void)state;
-  const tsr_kernel_table *t = tsr_kernel_table_cpu();
+  assert_int_equal(tsr_device_check((tsr_device){TSR_DEVICE_CPU, 0}), TSR_OK);
+  const tsr_kernel_table *t = table_of_new_tensor(NULL);
   assert_int_equal(t->abi, TSR_KERNEL_TABLE_ABI);
   assert_int_equal(t->struct_size, sizeof(tsr_kernel_table));
   assert_int_equal(t->device, TSR_DEVICE_CPU);
@@ -44,39 +57,44 @@ static void test_cpu_table_is_the_kernels(void **state) {
   assert_true(t->global_norm == tsr_kernel_global_norm);
   assert_true(t->clip_coef == tsr_kernel_clip_coef);
   assert_true(t->scale == tsr_kernel_scale);
-  const tsr_kernel_table *for_cpu = NULL;
-  assert_int_equal(tsr_kernel_table_for((tsr_device){TSR_DEVICE_CPU, 0}, &for_cpu), TSR_OK);
-  assert_ptr_equal(for_cpu, t);
+  assert_ptr_equal(table_of_new_tensor(NULL), t);
 }
 
 static void test_cuda_table_or_reason(void **state) {
   (void)state;
-  assert_int_equal(tsr_kernel_table_cuda_built(), TSR_TEST_CUDA_BUILT);
-  const tsr_kernel_table *t = NULL;
-  tsr_status st = tsr_kernel_table_for((tsr_device){TSR_DEVICE_CUDA, 0}, &t);
+  const tsr_device cuda0 = {TSR_DEVICE_CUDA, 0};
+  tsr_status st = tsr_device_check(cuda0);
 #if TSR_TEST_CUDA_BUILT
   char why[256] = "";
   int devices = tsr_cuda_device_count(why, sizeof why);
   printf("CUDA devices: %d%s%s\n", devices, devices ? "" : ": ", devices ? "" : why);
   if (devices > 0) {
     assert_int_equal(st, TSR_OK);
+    tsr_cuda_ctx *ctx = NULL;
+    assert_int_equal(tsr_cuda_ctx_create(0, &ctx), TSR_OK);
+    tsr_cuda_ctx_make_current(ctx);
+    const tsr_kernel_table *t = table_of_new_tensor(tsr_cuda_ctx_allocator(ctx));
     assert_int_equal(t->device, TSR_DEVICE_CUDA);
     assert_string_equal(t->name, "cuda");
     assert_true(t->clip_coef == tsr_kernel_clip_coef);
+    /* The table is opened once: a second tensor (another rank's) gets the same one. */
+    assert_ptr_equal(table_of_new_tensor(tsr_cuda_ctx_allocator(ctx)), t);
+    tsr_cuda_ctx_make_current(NULL);
+    tsr_cuda_ctx_destroy(ctx);
   } else {
     assert_int_equal(st, TSR_ENOTSUP);
-    assert_null(t);
     assert_non_null(strstr(tsr_last_error(), "no CUDA device"));
   }
 #else
   assert_int_equal(st, TSR_ENOTSUP);
-  assert_null(t);
   assert_non_null(strstr(tsr_last_error(), "built without CUDA"));
 #endif
   /* The outcome is kept: a second rank asking gets the same answer. */
-  const tsr_kernel_table *again = NULL;
-  assert_int_equal(tsr_kernel_table_cuda(&again), st);
-  assert_ptr_equal(again, t);
+  tsr_clear_error();
+  assert_int_equal(tsr_device_check(cuda0), st);
+  if (st != TSR_OK)
+    assert_non_null(
+        strstr(tsr_last_error(), TSR_TEST_CUDA_BUILT ? "no CUDA device" : "built without CUDA"));
 }
 
 int main(void) {

@@ -634,8 +634,8 @@ static void test_bf16_gemm(void **state) {
 int main(void) {
   int rc = cuda_test_setup("test_cuda_kernels");
   if (rc) return rc;
-  cpu = tsr_kernel_table_cpu();
-  if (tsr_kernel_table_cuda(&gpu) != TSR_OK) {
+  if (core_kernel_table(NULL, &cpu) != TSR_OK ||
+      core_kernel_table(tsr_cuda_ctx_allocator(g_ctx), &gpu) != TSR_OK) {
     printf("FAIL: a device is present but the CUDA kernel table did not load: %s\n",
            tsr_last_error());
     return 1;

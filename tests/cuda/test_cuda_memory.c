@@ -561,7 +561,7 @@ int main(void) {
   if (rc) return 1;
   rc = cuda_test_setup("test_cuda_memory");
   if (rc) return rc;
-  if (tsr_kernel_table_cuda(&gpu) != TSR_OK) {
+  if (core_kernel_table(tsr_cuda_ctx_allocator(g_ctx), &gpu) != TSR_OK) {
     printf("FAIL: a device is present but the CUDA kernel table did not load: %s\n",
            tsr_last_error());
     return 1;
