@@ -6,11 +6,9 @@ include(CMakePackageConfigHelpers)
 
 set(TESSERA_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/Tessera)
 
-# The plugin ABI the headers define, for the package's users (they may refuse a core they were
-# not written for before building).
-file(STRINGS ${PROJECT_SOURCE_DIR}/include/tessera/plugin.h _tsr_abi REGEX "^#define TSR_ABI_M")
-string(REGEX REPLACE ".*TSR_ABI_MAJOR +([0-9]+).*" "\\1" TESSERA_ABI_MAJOR "${_tsr_abi}")
-string(REGEX REPLACE ".*TSR_ABI_MINOR +([0-9]+).*" "\\1" TESSERA_ABI_MINOR "${_tsr_abi}")
+# TESSERA_ABI_MAJOR and TESSERA_ABI_MINOR (the top-level CMakeLists.txt) go into the package and
+# tessera.pc for the package's users (they may refuse a core they were not written for before
+# building).
 
 # $ORIGIN-relative rpaths: the command finds libtessera in <prefix>/lib, the plugins one folder up
 # from lib/tessera, the mpi backend beside it. The loader finds <prefix>/lib/tessera from where

@@ -10,9 +10,6 @@
 #include "tessera/dtensor.h"
 #include "tessera/device.h"
 #include "tessera/registry.h"
-
-#define TSR_VERSION_MAJOR 0
-#define TSR_VERSION_MINOR 1
-#define TSR_VERSION_PATCH 0
+#include "tessera/version.h"
 
 #endif
