@@ -27,6 +27,13 @@ typedef struct tsr_app_job {
  * before its plugins load; on failure prints the error to stderr and frees what was made. */
 tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets, tsr_app_job *job);
 void tsr_app_job_close(tsr_app_job *job);
+/* The job's files, before anything is built (job_files.c): the job file, the data file and the
+ * checkpoint to load (with its optimizer file when present) are regular files that open for
+ * reading; every output ([checkpoint] save and its optimizer file in train mode, [output] dump
+ * and trace) is absent or a regular file, in an existing directory this process may write; no
+ * output is the same file (device and inode) as an input, except a checkpoint saved over the one
+ * loaded, and no two outputs share a path. TSR_EINVAL naming the key, its line and the fix. */
+tsr_status tsr_app_check_files(const tsr_config *c);
 /* Prints the mesh (rank -> coordinates), dim owners, plugins and registry contents. */
 void tsr_app_print_plan(const tsr_app_job *job, FILE *f);
 

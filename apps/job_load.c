@@ -13,6 +13,7 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
   TSR_CHECK_GOTO(tsr_config_load(path, &job->cfg), st);
   for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
   TSR_CHECK_GOTO(tsr_config_check_sets(job->cfg), st);
+  TSR_CHECK_GOTO(tsr_app_check_files(job->cfg), st);
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;

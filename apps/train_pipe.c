@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tessera/io.h"
 #include "tessera/kernels.h"
 #include "train.h"
 
@@ -236,40 +237,51 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
   }
   TSR_CHECK_GOTO(tsr_comm_all_gather(all, mine, (size_t)n * 6, every, counts, TSR_I64), st);
   if (me == 0) {
-    char path[TSR_TRAIN_PATH_LEN];
+    /* built in memory, then written as every output is: a temporary beside the path, renamed
+     * over it, so that a symlink there is replaced rather than followed and a failed write
+     * leaves the old file */
+    char path[TSR_TRAIN_PATH_LEN], *text = NULL;
+    size_t len = 0;
     tsr_train_path(c, c->output.trace, path, sizeof path);
-    FILE *f = fopen(path, "w");
+    FILE *f = open_memstream(&text, &len);
     if (!f) {
-      st = tsr_error(TSR_EIO, "%s:%d: [output] trace: cannot write %s", c->path,
-                     tsr_config_line(c, "output", "trace"), path);
-    } else {
-      int64_t t0 = 0;
-      for (size_t i = 0; i < total; i += 6)
-        if (i == 0 || every[i + 4] < t0) t0 = every[i + 4];
-      fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-      size_t at = 0;
-      for (int r = 0; r < world; r++) {
-        int st_r = ns[r] ? (int)every[at + 3] : 0;
-        fprintf(f,
-                "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
-                "\"args\": {\"name\": \"rank %d (stage %d)\"}},\n",
-                r, r, st_r);
-        for (int64_t i = 0; i < ns[r]; i++, at += 6) {
-          const int64_t *e = every + at;
-          fprintf(f,
-                  "{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
-                  "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d, \"microbatch\": %d, "
-                  "\"stage\": %d}},\n",
-                  kind_name((int)e[1]), (int)e[2], kind_name((int)e[1]), r,
-                  (double)(e[4] - t0) * 1e-3, (double)(e[5] - e[4]) * 1e-3, (int)e[0], (int)e[2],
-                  (int)e[3]);
-        }
-      }
-      fprintf(f, "{\"name\": \"end\", \"ph\": \"i\", \"pid\": 0, \"tid\": 0, \"ts\": 0, \"s\": "
-                 "\"g\"}\n]}\n");
-      if (fclose(f) != 0)
-        st = tsr_error(TSR_EIO, "%s: [output] trace: write failed for %s", c->path, path);
+      st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory");
+      goto cleanup;
     }
+    int64_t t0 = 0;
+    for (size_t i = 0; i < total; i += 6)
+      if (i == 0 || every[i + 4] < t0) t0 = every[i + 4];
+    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+    size_t at = 0;
+    for (int r = 0; r < world; r++) {
+      int st_r = ns[r] ? (int)every[at + 3] : 0;
+      fprintf(f,
+              "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
+              "\"args\": {\"name\": \"rank %d (stage %d)\"}},\n",
+              r, r, st_r);
+      for (int64_t i = 0; i < ns[r]; i++, at += 6) {
+        const int64_t *e = every + at;
+        fprintf(f,
+                "{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
+                "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d, \"microbatch\": %d, "
+                "\"stage\": %d}},\n",
+                kind_name((int)e[1]), (int)e[2], kind_name((int)e[1]), r,
+                (double)(e[4] - t0) * 1e-3, (double)(e[5] - e[4]) * 1e-3, (int)e[0], (int)e[2],
+                (int)e[3]);
+      }
+    }
+    fprintf(f, "{\"name\": \"end\", \"ph\": \"i\", \"pid\": 0, \"tid\": 0, \"ts\": 0, \"s\": "
+               "\"g\"}\n]}\n");
+    if (fclose(f) != 0) {
+      free(text);
+      st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory");
+      goto cleanup;
+    }
+    st = tsr_file_write_atomic(path, text, len);
+    free(text);
+    if (st != TSR_OK)
+      st = tsr_error_prefix(st, "%s:%d: [output] trace", c->path,
+                            tsr_config_line(c, "output", "trace"));
   }
 cleanup:
   free(counts);

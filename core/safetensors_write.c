@@ -367,3 +367,40 @@ tsr_status tsr_safetensors_save(const char *path, int n, const char *const *name
   if (s == TSR_OK) tsr_st_remove_stale(path);
   return s;
 }
+
+tsr_status tsr_file_write_atomic(const char *path, const void *data, size_t len) {
+  if (!path || (len && !data)) return TSR_ERROR(TSR_EINVAL, "file write: NULL path or data");
+  struct stat sb;
+  if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+    return TSR_ERROR(TSR_EINVAL, "%s: is a directory; give a file path", path);
+  char *tmp = NULL;
+  int fd = -1;
+  TSR_CHECK(create_temp(path, &tmp, &fd));
+  tsr_status s = TSR_OK;
+  const char *p = data;
+  size_t left = len;
+  while (left > 0) {
+    ssize_t w = write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      s = TSR_ERROR(TSR_EIO, "%s: write to %s failed: %s", path, tmp,
+                    w < 0 ? strerror(errno) : "no progress");
+      break;
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  if (s == TSR_OK && fsync(fd) != 0)
+    s = TSR_ERROR(TSR_EIO, "%s: flushing %s failed: %s", path, tmp, strerror(errno));
+  if (close(fd) != 0 && s == TSR_OK)
+    s = TSR_ERROR(TSR_EIO, "%s: closing %s failed: %s", path, tmp, strerror(errno));
+  if (s != TSR_OK) {
+    unlink(tmp);
+    free(tmp);
+    return s;
+  }
+  s = tsr_st_publish(tmp, path);
+  free(tmp);
+  if (s == TSR_OK) tsr_st_remove_stale(path);
+  return s;
+}

@@ -95,6 +95,11 @@ TSR_API tsr_status tsr_safetensors_save(const char *path, int n, const char *con
                                         const char *const *meta_keys,
                                         const char *const *meta_values);
 
+/* Writes `len` bytes to `path` as tsr_safetensors_save writes a file: a temporary beside it,
+ * synced and renamed over it (a symlink at `path` is replaced, never followed), keeping the mode
+ * of a file it replaces. For the other outputs of a run (traces). */
+TSR_API tsr_status tsr_file_write_atomic(const char *path, const void *data, size_t len);
+
 /* ---- checkpoints ---- */
 
 /* A checkpoint is two safetensors files. The model file holds the full (unsharded) parameters

@@ -1,0 +1,175 @@
+/* The job's files, checked before anything is built or run: every input opens, every output can
+ * be written, and no output replaces an input. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "app.h"
+#include "tessera/io.h"
+#include "train.h"
+
+#define MAX_FILES 8
+
+/* One file of the job: where it was set, its path resolved, and what is known of it. */
+typedef struct job_file {
+  const char *section, *key;
+  const char *what; /* "" or a qualifier such as "optimizer file of" */
+  char path[TSR_TRAIN_PATH_LEN + 32];
+  bool exists;
+  struct stat sb;
+} job_file;
+
+static const char *kind_of(mode_t m) {
+  return S_ISDIR(m)    ? "a directory"
+         : S_ISFIFO(m) ? "a FIFO"
+         : S_ISSOCK(m) ? "a socket"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+                       : "not a regular file";
+}
+
+static tsr_status file_error(const tsr_config *c, const job_file *f, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static tsr_status file_error(const tsr_config *c, const job_file *f, const char *fmt, ...) {
+  char msg[TSR_TRAIN_PATH_LEN + 512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return tsr_config_error(c, TSR_EINVAL, f->section, f->key, "%s%s%s", f->what, f->path, msg);
+}
+
+/* An input: a regular file that opens for reading. The open does not block on a FIFO: it is
+ * refused by its type first, and O_NONBLOCK covers a file swapped for one in between. */
+static tsr_status check_input(const tsr_config *c, job_file *f) {
+  if (stat(f->path, &f->sb) != 0)
+    return file_error(c, f, ": cannot open: %s; check the path (relative paths start at the job "
+                            "file's directory)",
+                      strerror(errno));
+  f->exists = true;
+  if (!S_ISREG(f->sb.st_mode))
+    return file_error(c, f, " is %s; give a regular file", kind_of(f->sb.st_mode));
+  int fd = open(f->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return file_error(c, f, ": cannot open: %s", strerror(errno));
+  close(fd);
+  return TSR_OK;
+}
+
+/* An output: absent or a regular file, in an existing directory this process can write. */
+static tsr_status check_output(const tsr_config *c, job_file *f) {
+  if (stat(f->path, &f->sb) == 0) {
+    f->exists = true;
+    if (S_ISDIR(f->sb.st_mode))
+      return file_error(c, f, " is a directory; give a file path inside it");
+    if (!S_ISREG(f->sb.st_mode))
+      return file_error(c, f, " is %s; an output is replaced by a new file: give a file path",
+                        kind_of(f->sb.st_mode));
+  }
+  char dir[sizeof f->path];
+  snprintf(dir, sizeof dir, "%s", f->path);
+  char *slash = strrchr(dir, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == dir)
+    dir[1] = '\0';
+  else
+    *slash = '\0';
+  struct stat ds;
+  if (stat(dir, &ds) != 0)
+    return file_error(c, f, ": its directory %s does not exist (%s); create it first", dir,
+                      strerror(errno));
+  if (!S_ISDIR(ds.st_mode)) return file_error(c, f, ": %s is not a directory", dir);
+  if (access(dir, W_OK | X_OK) != 0)
+    return file_error(c, f, ": its directory %s is not writable (%s); pick another path", dir,
+                      strerror(errno));
+  return TSR_OK;
+}
+
+/* The checkpoint a run loads may be the one it saves (a resume in place): it is read whole
+ * before any step and replaced atomically after the last. Every other overlap replaces an input. */
+static bool resume_in_place(const job_file *in, const job_file *out) {
+  return !strcmp(in->section, "checkpoint") && !strcmp(out->section, "checkpoint") &&
+         !strcmp(in->what, out->what);
+}
+
+static bool same_file(const job_file *a, const job_file *b) {
+  return a->exists && b->exists && a->sb.st_dev == b->sb.st_dev && a->sb.st_ino == b->sb.st_ino;
+}
+
+static void label(char *buf, size_t len, const job_file *f) {
+  snprintf(buf, len, "%s[%s] %s", f->what, f->section, f->key);
+}
+
+/* Appends a file set by [section] key: `value` resolved against the job file's directory, or
+ * `resolved` as it is. */
+static void add(const tsr_config *c, job_file *files, int *n, const char *section,
+                const char *key, const char *what, const char *value, const char *resolved) {
+  job_file *f = &files[(*n)++];
+  memset(f, 0, sizeof *f);
+  f->section = section;
+  f->key = key;
+  f->what = what;
+  if (resolved)
+    snprintf(f->path, sizeof f->path, "%s", resolved);
+  else
+    tsr_train_path(c, value, f->path, sizeof f->path);
+}
+
+tsr_status tsr_app_check_files(const tsr_config *c) {
+  job_file in[MAX_FILES], out[MAX_FILES];
+  int nin = 0, nout = 0;
+  /* the job file itself, as given */
+  memset(&in[0], 0, sizeof in[0]);
+  in[0].section = "job";
+  in[0].key = "file";
+  in[0].what = "the job file ";
+  snprintf(in[0].path, sizeof in[0].path, "%s", c->path);
+  in[0].exists = stat(c->path, &in[0].sb) == 0;
+  nin = 1;
+  const char *colon = strchr(c->data.source, ':');
+  if (colon && colon[1]) add(c, in, &nin, "data", "source", "", colon + 1, NULL);
+  char optim[TSR_TRAIN_PATH_LEN + 32];
+  if (c->checkpoint.load[0]) {
+    add(c, in, &nin, "checkpoint", "load", "", c->checkpoint.load, NULL);
+    TSR_CHECK(tsr_checkpoint_optim_path(in[nin - 1].path, optim, sizeof optim));
+    struct stat sb;
+    if (stat(optim, &sb) == 0 || errno != ENOENT)
+      add(c, in, &nin, "checkpoint", "load", "the optimizer file ", NULL, optim);
+  }
+  /* the checkpoint is saved by training runs only */
+  if (c->checkpoint.save[0] && c->job.mode == TSR_MODE_TRAIN) {
+    add(c, out, &nout, "checkpoint", "save", "", c->checkpoint.save, NULL);
+    TSR_CHECK(tsr_checkpoint_optim_path(out[nout - 1].path, optim, sizeof optim));
+    add(c, out, &nout, "checkpoint", "save", "the optimizer file ", NULL, optim);
+  }
+  if (c->output.dump[0]) add(c, out, &nout, "output", "dump", "", c->output.dump, NULL);
+  if (c->output.trace[0]) add(c, out, &nout, "output", "trace", "", c->output.trace, NULL);
+
+  for (int i = 1; i < nin; i++) TSR_CHECK(check_input(c, &in[i]));
+  for (int i = 0; i < nout; i++) TSR_CHECK(check_output(c, &out[i]));
+  char a[128];
+  for (int i = 0; i < nout; i++) {
+    for (int k = 0; k < nin; k++) {
+      if (!same_file(&out[i], &in[k]) || resume_in_place(&in[k], &out[i])) continue;
+      label(a, sizeof a, &in[k]);
+      return tsr_config_error(c, TSR_EINVAL, out[i].section, out[i].key,
+                              "%s%s is the same file as %s (%s): writing it would replace an "
+                              "input of the job; pick another path",
+                              out[i].what, out[i].path, k == 0 ? "the job file" : a, in[k].path);
+    }
+    for (int k = 0; k < i; k++) {
+      bool same = same_file(&out[i], &out[k]) || !strcmp(out[i].path, out[k].path);
+      if (!same) continue;
+      label(a, sizeof a, &out[k]);
+      return tsr_config_error(c, TSR_EINVAL, out[i].section, out[i].key,
+                              "%s%s is also %s: one output would overwrite the other; give "
+                              "each its own path",
+                              out[i].what, out[i].path, a);
+    }
+  }
+  return TSR_OK;
+}
