@@ -41,6 +41,7 @@ bool tsr_emu_owns(const void *p) {
 #define EMU_DECLARE_mem                            EMU_DECLARE_dev
 #define EMU_DECLARE_host(name, ret, params)
 TSR_KERNEL_LIST(EMU_DECLARE)
+TSR_KERNEL_LOOKUP_LIST(EMU_DECLARE)
 
 /* ---- memory ---- */
 
@@ -160,6 +161,7 @@ static tsr_status emu_sync(void) {
 #define EMU_WRAP_host(name, ret, params, args)
 #define EMU_WRAP_mem(name, ret, params, args)
 TSR_KERNEL_LIST(EMU_WRAP)
+TSR_KERNEL_LOOKUP_LIST(EMU_WRAP)
 
 /* loss and n_valid are host values, as on every device table. */
 static tsr_status emu_cross_entropy(float *loss, int *n_valid, float *dlogits, const float *logits,
@@ -179,6 +181,7 @@ static double emu_global_norm(const float *const *bufs, const int64_t *sizes, in
 }
 
 #define EMU_MEMBER(name, kind, ret, params, args) .name = EMU_FN_##kind(name),
+#define EMU_NAMED(name, kind, ret, params, args)  {#name, (tsr_kernel_fn)EMU_FN_##kind(name)},
 
 static const tsr_kernel_table emu_table = {
     .abi = TSR_KERNEL_TABLE_ABI,
@@ -188,6 +191,14 @@ static const tsr_kernel_table emu_table = {
     TSR_KERNEL_LIST(EMU_MEMBER) /* each entry's EMU_FN_<kind> */
 };
 
+static const tsr_kernel_named emu_named[] = {
+    TSR_KERNEL_LOOKUP_LIST(EMU_NAMED) /* then the end: */ {NULL, NULL},
+};
+
 const tsr_kernel_table *tsr_kernel_table_emu(void) {
   return &emu_table;
+}
+
+const tsr_kernel_named *tsr_kernel_named_emu(void) {
+  return emu_named;
 }

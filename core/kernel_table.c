@@ -109,12 +109,14 @@ static void cpu_add(float *out, const float *a, const float *b, int64_t n) {
 #define CPU_DECLARE_host                           CPU_DECLARE_dev
 #define CPU_DECLARE_mem(name, ret, params)         static ret cpu_##name params;
 TSR_KERNEL_LIST(CPU_DECLARE)
+TSR_KERNEL_LOOKUP_LIST(CPU_DECLARE)
 
 #define CPU_FN_dev(name)                          tsr_kernel_##name
 #define CPU_FN_mixed(name)                        tsr_kernel_##name
 #define CPU_FN_host(name)                         tsr_kernel_##name
 #define CPU_FN_mem(name)                          cpu_##name
 #define CPU_MEMBER(name, kind, ret, params, args) .name = CPU_FN_##kind(name),
+#define CPU_NAMED(name, kind, ret, params, args)  {#name, (tsr_kernel_fn)CPU_FN_##kind(name)},
 
 static const tsr_kernel_table cpu_table = {
     .abi = TSR_KERNEL_TABLE_ABI,
@@ -122,6 +124,10 @@ static const tsr_kernel_table cpu_table = {
     .name = "cpu",
     .device = TSR_DEVICE_CPU,
     TSR_KERNEL_LIST(CPU_MEMBER) /* each entry's CPU_FN_<kind> */
+};
+
+static const tsr_kernel_named cpu_named[] = {
+    TSR_KERNEL_LOOKUP_LIST(CPU_NAMED) /* then the end: */ {NULL, NULL},
 };
 
 const tsr_kernel_table *tsr_kernel_table_cpu(void) {
@@ -136,6 +142,7 @@ bool tsr_kernel_table_cuda_built(void) {
  * The outcome of the first attempt (table or message) is kept, so every rank sees the same. */
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
 static const tsr_kernel_table *cuda_table;
+static const tsr_kernel_named *cuda_named; /* written before cuda_open, so read after it */
 static char cuda_why[2048];
 /* cuda_table once open, readable without the once (tsr_kernel_table_of_ptr). */
 static _Atomic(const tsr_kernel_table *) cuda_open;
@@ -197,6 +204,9 @@ static void open_cuda(void) {
              missing);
     return;
   }
+  tsr_kernel_named_entry_fn named =
+      (tsr_kernel_named_entry_fn)(uintptr_t)dlsym(lib, TSR_KERNEL_NAMED_ENTRY);
+  cuda_named = named ? named() : NULL;
   cuda_table = t;
   atomic_store_explicit(&cuda_open, t, memory_order_release);
 }
@@ -238,6 +248,30 @@ const tsr_kernel_table *tsr_kernel_table_of_ptr(const void *p) {
   const tsr_kernel_table *cuda = atomic_load_explicit(&cuda_open, memory_order_acquire);
   if (cuda && cuda->owns(p)) return cuda;
   return &cpu_table;
+}
+
+/* The lookup-only kernels of a table the core serves; NULL for any other table. */
+static const tsr_kernel_named *named_of(const tsr_kernel_table *t) {
+  if (t == &cpu_table) return cpu_named;
+  if (t == tsr_kernel_table_emu()) return tsr_kernel_named_emu();
+  if (t == atomic_load_explicit(&cuda_open, memory_order_acquire)) return cuda_named;
+  return NULL;
+}
+
+/* A member exists only if the library that filled t had it: t's struct_size says how far t
+ * goes, and nothing past it may be read. */
+tsr_kernel_fn tsr_kernel_lookup(const tsr_kernel_table *t, const char *name) {
+  if (!t || !name) return NULL;
+#define LOOKUP_MEMBER(entry, kind, ret, params, args)                                              \
+  if (strcmp(name, #entry) == 0)                                                                   \
+    return offsetof(tsr_kernel_table, entry) + sizeof t->entry <= t->struct_size                   \
+               ? (tsr_kernel_fn)t->entry                                                           \
+               : NULL;
+  TSR_KERNEL_LIST(LOOKUP_MEMBER)
+#undef LOOKUP_MEMBER
+  for (const tsr_kernel_named *k = named_of(t); k && k->name; k++)
+    if (strcmp(name, k->name) == 0) return k->fn;
+  return NULL;
 }
 
 tsr_status tsr_linear_forward(const tsr_rank_t *r, const tsr_kernel_table *k, float *out,

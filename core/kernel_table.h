@@ -68,6 +68,21 @@ typedef const tsr_kernel_table *(*tsr_kernel_table_entry_fn)(uint32_t abi, char 
                                                              unsigned why_len);
 #define TSR_KERNEL_TABLE_ENTRY "tsr_cuda_kernel_table_v1"
 
+/* One device's lookup-only kernels (TSR_KERNEL_LOOKUP_LIST, tessera/device.h), which have no
+ * member to live in: arrays of them end with a NULL name. */
+typedef struct tsr_kernel_named {
+  const char *name;
+  tsr_kernel_fn fn;
+} tsr_kernel_named;
+
+/* The emulated device's. */
+const tsr_kernel_named *tsr_kernel_named_emu(void);
+
+/* The symbol through which libtessera-cuda.so hands over its lookup-only kernels. Optional: a
+ * library without it serves none, and its table is used all the same. */
+typedef const tsr_kernel_named *(*tsr_kernel_named_entry_fn)(void);
+#define TSR_KERNEL_NAMED_ENTRY "tsr_cuda_kernel_named_v1"
+
 #ifdef __cplusplus
 }
 #endif

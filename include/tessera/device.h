@@ -18,7 +18,8 @@
  * tsr_tensor_get or tsr_tensor_to, which wait for the queued work.
  *
  * Compatibility: members are only ever appended, and TSR_KERNEL_TABLE_ABI grows when they are; a
- * plugin built against an older table reads only the members it knew. */
+ * plugin built against an older table reads only the members it knew. Kernels may also be
+ * reached by name (tsr_kernel_lookup), which is how ones added later come without a new ABI. */
 #ifndef TESSERA_DEVICE_H
 #define TESSERA_DEVICE_H
 
@@ -60,7 +61,8 @@ extern "C" {
  *   ret, params  the entry's type: ret (*name) params
  *   args    the parameters' names, for code that forwards a call
  *
- * Order is the ABI: append only, and raise TSR_KERNEL_TABLE_ABI.
+ * Order is the ABI: append only, and raise TSR_KERNEL_TABLE_ABI. A kernel that should not grow
+ * the struct goes into TSR_KERNEL_LOOKUP_LIST instead.
  * ------------------------------------------------------------------------------------------- */
 
 /* clang-format off */
@@ -206,6 +208,12 @@ extern "C" {
     (float *dx, float *dw, float *dbias, const float *dout, const float *x, const float *w, int N, \
      int C, int OC),                                                                               \
     (dx, dw, dbias, dout, x, w, N, C, OC))
+
+/* Kernels reached only by name, through tsr_kernel_lookup, with the columns of TSR_KERNEL_LIST.
+ * A kernel added here changes neither the struct nor TSR_KERNEL_TABLE_ABI, so code built
+ * against an older header keeps working unchanged, and code that uses the kernel runs with any
+ * library: lookup answers NULL where the kernel is not served yet. None so far. */
+#define TSR_KERNEL_LOOKUP_LIST(X)
 /* clang-format on */
 
 #define TSR_KERNEL_MEMBER_(name, kind, ret, params, args) ret(*name) params;
@@ -219,6 +227,16 @@ typedef struct tsr_kernel_table {
 } tsr_kernel_table;
 
 #undef TSR_KERNEL_MEMBER_
+
+/* An entry as tsr_kernel_lookup returns it; cast it to the entry's own type to call it. */
+typedef void (*tsr_kernel_fn)(void);
+
+/* The entry `name` of table `t` (a name of TSR_KERNEL_LIST or TSR_KERNEL_LOOKUP_LIST, e.g.
+ * "attention_merge"), or NULL: for an unknown name, for a member that a table filled by an older
+ * library does not have (its struct_size ends before it), and for a lookup-only kernel that t's
+ * device does not serve. What code calls for a kernel that may be newer than the library it runs
+ * with; the answer does not change, so look it up once. */
+TSR_API tsr_kernel_fn tsr_kernel_lookup(const tsr_kernel_table *t, const char *name);
 
 /* nn.Linear through table `k` at the rank's precision of matrix products
  * (tsr_rank_matmul_dtype): matmul_forward / matmul_backward, or their _bf16 entries. What a rule

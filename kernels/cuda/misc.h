@@ -28,6 +28,7 @@ int32_t tsr_cuda_read_id(tsr_cuda_ctx *ctx, const int32_t *ids, int pos);
 #define TSR_CUDA_DECLARE_mem                            TSR_CUDA_DECLARE_dev
 #define TSR_CUDA_DECLARE_host(name, ret, params)
 TSR_KERNEL_LIST(TSR_CUDA_DECLARE)
+TSR_KERNEL_LOOKUP_LIST(TSR_CUDA_DECLARE)
 
 /* ---- Memory of the device (kernel table ABI 2; memory.c, memory.cu) ----
  * The semantics are the table's (tessera/device.h). All but owns and allocator_init work on the

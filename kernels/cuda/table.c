@@ -11,6 +11,7 @@
 #define CUDA_FN_mem(name)                          tsr_cuda_k_##name
 #define CUDA_FN_host(name)                         tsr_kernel_##name
 #define CUDA_MEMBER(name, kind, ret, params, args) .name = CUDA_FN_##kind(name),
+#define CUDA_NAMED(name, kind, ret, params, args)  {#name, (tsr_kernel_fn)CUDA_FN_##kind(name)},
 
 static const tsr_kernel_table cuda_table = {
     .abi = TSR_KERNEL_TABLE_ABI,
@@ -18,6 +19,10 @@ static const tsr_kernel_table cuda_table = {
     .name = "cuda",
     .device = TSR_DEVICE_CUDA,
     TSR_KERNEL_LIST(CUDA_MEMBER) /* each entry's CUDA_FN_<kind> */
+};
+
+static const tsr_kernel_named cuda_named[] = {
+    TSR_KERNEL_LOOKUP_LIST(CUDA_NAMED) /* then the end: */ {NULL, NULL},
 };
 
 const tsr_kernel_table *tsr_cuda_kernel_table_v1(uint32_t abi, char *why, unsigned why_len) {
@@ -32,4 +37,9 @@ const tsr_kernel_table *tsr_cuda_kernel_table_v1(uint32_t abi, char *why, unsign
     return NULL;
   }
   return &cuda_table;
+}
+
+/* TSR_KERNEL_NAMED_ENTRY: the lookup-only kernels, which have no member of cuda_table. */
+const tsr_kernel_named *tsr_cuda_kernel_named_v1(void) {
+  return cuda_named;
 }

@@ -115,9 +115,9 @@ static void test_layout_is_abi3(void **state) {
   for (int i = 0; i < N_ENTRIES; i++) {
     if (strcmp(listed[i], abi3_members[i]) != 0)
       fail_msg("member %d is %s, ABI 3 has %s there", i, listed[i], abi3_members[i]);
-    assert_int_equal(offsets[i], first + (size_t)i * sizeof(void (*)(void)));
+    assert_int_equal(offsets[i], first + (size_t)i * sizeof(tsr_kernel_fn));
   }
-  assert_int_equal(sizeof(tsr_kernel_table), first + N_ENTRIES * sizeof(void (*)(void)));
+  assert_int_equal(sizeof(tsr_kernel_table), first + N_ENTRIES * sizeof(tsr_kernel_fn));
   assert_int_equal(offsetof(tsr_kernel_table, abi), 0);
   assert_int_equal(offsetof(tsr_kernel_table, struct_size), 4);
   if (sizeof(void *) == 8) {
@@ -140,6 +140,10 @@ static void check_complete(const tsr_kernel_table *t, tsr_device_kind kind) {
   if (!t->entry) fail_msg("table %s: member %s is NULL", t->name, #entry);
   TSR_KERNEL_LIST(CHECK_MEMBER)
 #undef CHECK_MEMBER
+#define CHECK_NAMED(entry, kind_, ret, params, args)                                               \
+  if (!tsr_kernel_lookup(t, #entry)) fail_msg("table %s does not serve %s", t->name, #entry);
+  TSR_KERNEL_LOOKUP_LIST(CHECK_NAMED)
+#undef CHECK_NAMED
 }
 
 static void test_every_table_complete(void **state) {
@@ -156,10 +160,63 @@ static void test_every_table_complete(void **state) {
   }
 }
 
+/* ---- lookup by name ---- */
+
+static void check_lookup_finds_members(const tsr_kernel_table *t) {
+#define CHECK_LOOKUP(entry, kind, ret, params, args)                                               \
+  if (tsr_kernel_lookup(t, #entry) != (tsr_kernel_fn)t->entry)                                     \
+    fail_msg("table %s: lookup of %s is not the member", t->name, #entry);
+  TSR_KERNEL_LIST(CHECK_LOOKUP)
+#undef CHECK_LOOKUP
+}
+
+static void test_lookup(void **state) {
+  (void)state;
+  const tsr_kernel_table *cpu = table_of(TSR_DEVICE_CPU), *emu = table_of(TSR_DEVICE_EMU);
+  check_lookup_finds_members(cpu);
+  check_lookup_finds_members(emu);
+  const tsr_kernel_table *cuda = table_of(TSR_DEVICE_CUDA);
+  if (cuda) check_lookup_finds_members(cuda);
+
+  /* What the lookup returns is the kernel itself, called through its own type. */
+  typedef void (*scale_fn)(float *x, int64_t n, float s);
+  scale_fn scale = (scale_fn)tsr_kernel_lookup(cpu, "scale");
+  assert_non_null(scale);
+  float x[3] = {1.0f, -2.0f, 0.5f};
+  scale(x, 3, 4.0f);
+  assert_true(x[0] == 4.0f && x[1] == -8.0f && x[2] == 2.0f);
+
+  /* Names are exact; anything else is NULL, never a near match. */
+  assert_null(tsr_kernel_lookup(cpu, "no_such_kernel"));
+  assert_null(tsr_kernel_lookup(cpu, ""));
+  assert_null(tsr_kernel_lookup(cpu, "GEMM"));
+  assert_null(tsr_kernel_lookup(cpu, "gemm "));
+  assert_null(tsr_kernel_lookup(cpu, "tsr_kernel_gemm"));
+  assert_null(tsr_kernel_lookup(cpu, "name")); /* a header field, not an entry */
+  assert_null(tsr_kernel_lookup(cpu, NULL));
+  assert_null(tsr_kernel_lookup(NULL, "gemm"));
+  assert_true(tsr_kernel_lookup(cpu, "attention_forward") !=
+              tsr_kernel_lookup(cpu, "attention_forward_blhd"));
+
+  /* A table filled by an ABI 2 library ends before the bf16 matmuls: lookup answers NULL for them
+   * instead of reading past its end, and still finds what it has. */
+  tsr_kernel_table abi2 = *cpu;
+  abi2.abi = 2;
+  abi2.struct_size = (uint32_t)offsetof(tsr_kernel_table, matmul_forward_bf16);
+  assert_null(tsr_kernel_lookup(&abi2, "matmul_forward_bf16"));
+  assert_null(tsr_kernel_lookup(&abi2, "matmul_backward_bf16"));
+  assert_true(tsr_kernel_lookup(&abi2, "sync") == (tsr_kernel_fn)cpu->sync);
+  assert_true(tsr_kernel_lookup(&abi2, "gemm") == (tsr_kernel_fn)cpu->gemm);
+  /* and one whose struct_size ends before any entry has none */
+  abi2.struct_size = (uint32_t)offsetof(tsr_kernel_table, gemm);
+  assert_null(tsr_kernel_lookup(&abi2, "gemm"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout_is_abi3),
       cmocka_unit_test(test_every_table_complete),
+      cmocka_unit_test(test_lookup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
