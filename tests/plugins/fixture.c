@@ -57,10 +57,37 @@ static void fix_fini(void *state) {
   log_event("fini");
 }
 
+#ifdef FIX_SCHEDULE
+/* A third party's pipeline schedule: every forward, then every backward in reverse. */
+static tsr_status fix_schedule(int stages, int microbatches, int stage, tsr_pipe_action *actions,
+                               int cap, int *n, void *ctx) {
+  (void)stages, (void)stage, (void)ctx;
+  *n = 0;
+  for (int m = 0; m < microbatches; m++) {
+    if (*n + 3 > cap) return tsr_error(TSR_EINVAL, "fixture schedule: capacity %d too small", cap);
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_RECV_ACT, m, 0};
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_FORWARD, m, 0};
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_SEND_ACT, m, 0};
+  }
+  for (int m = microbatches - 1; m >= 0; m--) {
+    if (*n + 3 > cap) return tsr_error(TSR_EINVAL, "fixture schedule: capacity %d too small", cap);
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_RECV_GRAD, m, 0};
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_BACKWARD, m, 0};
+    actions[(*n)++] = (tsr_pipe_action){TSR_PIPE_SEND_GRAD, m, 0};
+  }
+  return TSR_OK;
+}
+#endif
+
 static tsr_status fix_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
   (void)reg, (void)args, (void)state;
   log_event("register");
+#ifdef FIX_SCHEDULE
+  tsr_schedule sched = {FIX_SCHEDULE, args->name, fix_schedule, NULL};
+  return tsr_registry_add_schedule(reg, &sched);
+#else
   return TSR_OK;
+#endif
 }
 
 #ifdef FIX_HOST_ONLY
@@ -75,6 +102,9 @@ static const char *const fix_dims[] = {FIX_DIM, NULL};
 #endif
 #ifdef FIX_REQUIRES
 static const char *const fix_required[] = {FIX_REQUIRES, NULL};
+#endif
+#ifdef FIX_ALIAS
+static const char *const fix_aliases[] = {FIX_ALIAS, FIX_DIM, NULL};
 #endif
 #ifdef FIX_KEYS
 static const tsr_key_spec fix_keys[] = {
@@ -110,6 +140,9 @@ static const tsr_strategy fix_desc = {
     .register_rules = fix_register,
 #ifdef FIX_RESERVED
     .reserved = {0, 0, 0, (void *)1},
+#endif
+#ifdef FIX_ALIAS
+    .dim_aliases = fix_aliases,
 #endif
 };
 
