@@ -1,0 +1,230 @@
+/* The job file: an INI file (DESIGN.md §5) parsed into a plain struct.
+ *
+ * One table (tsr_config_schema_at) lists every key of every core section with its type, range,
+ * default and description. The parser, the defaults, the error messages and docs/ini-reference.md
+ * all come from that table, so they cannot disagree. [strategy.NAME] sections are not in the
+ * table: their keys belong to the plugin NAME, which declares them with the same tsr_key_spec,
+ * and they are checked when that plugin loads.
+ *
+ * Every error names the file, the line, the section and key, and the fix:
+ *   job.ini:7: [mesh] shape: 3 entries but 'dims' (line 6) has 2; give one size per dim
+ * A file with several mistakes reports all of them, one per line, in file order.
+ */
+#ifndef TESSERA_CONFIG_H
+#define TESSERA_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tessera/mesh.h"
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TSR_MAX_PLUGINS 16
+#define TSR_MAX_NAME    64 /* plugin and section names, including the terminator */
+#define TSR_MAX_VALUE                                                                              \
+  256 /* one INI value, including the terminator (inih reads 200-byte lines)                       \
+       */
+#define TSR_MAX_PATH    1024 /* composed paths (directory + file), including the terminator */
+#define TSR_MAX_ENTRIES 32   /* keys per [strategy.NAME] section */
+
+/* ---- Key specifications (shared by the core table and by plugins) ---- */
+
+typedef enum tsr_key_type {
+  TSR_KEY_INT = 0,    /* decimal integer within [min, max] */
+  TSR_KEY_FLOAT = 1,  /* finite number within [min, max] */
+  TSR_KEY_BOOL = 2,   /* true | false */
+  TSR_KEY_STRING = 3, /* any text up to TSR_MAX_VALUE - 1 characters, may be empty */
+  TSR_KEY_ENUM = 4,   /* one of `choices` */
+  TSR_KEY_NAMES = 5,  /* comma-separated identifiers ([A-Za-z_][A-Za-z0-9_]*) */
+  TSR_KEY_INTS = 6,   /* comma-separated integers, each within [min, max] */
+} tsr_key_type;
+
+/* One accepted key. Plugins give an array of these terminated by an entry whose name is NULL. */
+typedef struct tsr_key_spec {
+  const char *name; /* key as written in the INI file */
+  tsr_key_type type;
+  const char *default_value; /* INI text used when the key is absent; NULL: the key is required */
+  double min, max;           /* INT, FLOAT, INTS: inclusive range */
+  const char *choices;       /* ENUM: alternatives separated by '|', e.g. "gpipe|1f1b" */
+  const char *doc;           /* one line for docs and did-you-mean messages */
+} tsr_key_spec;
+
+/* Checks `value` against `spec`. On failure returns TSR_EINVAL with a message that says what was
+ * expected (type, range, choices) without any location; callers prefix the location. */
+tsr_status tsr_key_check(const tsr_key_spec *spec, const char *value);
+/* "integer in [1, 1000000]", "one of gpipe | 1f1b", ... into buf. Returns buf. */
+const char *tsr_key_describe(const tsr_key_spec *spec, char *buf, size_t len);
+
+/* ---- The parsed job ---- */
+
+typedef enum tsr_job_mode { TSR_MODE_TRAIN = 0, TSR_MODE_FORWARD = 1 } tsr_job_mode;
+typedef enum tsr_lr_schedule { TSR_LR_CONSTANT = 0, TSR_LR_COSINE = 1 } tsr_lr_schedule;
+
+/* One key = value line as written, kept for locations and for plugin sections. */
+typedef struct tsr_config_entry {
+  char key[TSR_MAX_NAME];
+  char value[TSR_MAX_VALUE];
+  int line;
+} tsr_config_entry;
+
+/* A [strategy.NAME] section: raw entries, checked against the plugin's keys when it loads. */
+typedef struct tsr_config_section {
+  char name[TSR_MAX_NAME]; /* NAME, without "strategy." */
+  int line;                /* line of the [strategy.NAME] header */
+  int n;
+  tsr_config_entry entries[TSR_MAX_ENTRIES];
+} tsr_config_section;
+
+typedef struct tsr_config {
+  char path[TSR_MAX_PATH]; /* the file as given; "<string>" for tsr_config_parse_string */
+  char dir[TSR_MAX_PATH];  /* its directory, for relative [plugins] path entries */
+
+  struct {
+    tsr_job_mode mode;
+    int64_t steps;
+    int64_t seed;
+    char backend[TSR_MAX_NAME]; /* "local", "mpi", "nccl" */
+    tsr_device_kind device;
+    /* precision of matrix products: TSR_F32, or TSR_BF16 (bf16 operands, f32 accumulation; all
+     * state stays f32). Parsed from "f32|bf16", whose indices are these enum values. */
+    tsr_dtype dtype;
+    double timeout_s;
+    int64_t world_size; /* 0: the product of [mesh] shape */
+  } job;
+
+  struct {
+    int ndim;   /* entries of dims */
+    int nshape; /* entries of shape; the parser rejects a file where it differs from ndim */
+    char names[TSR_MAX_MESH_DIMS][TSR_MAX_DIM_NAME]; /* canonical spelling (ulysses_cp) */
+    int shape[TSR_MAX_MESH_DIMS];
+    int64_t world; /* product of shape */
+  } mesh;
+
+  struct {
+    int nload;
+    char load[TSR_MAX_PLUGINS][TSR_MAX_NAME];
+    char path[TSR_MAX_VALUE]; /* extra search directories, ':' or ',' separated */
+  } plugins;
+
+  struct {
+    int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers;
+    int64_t num_attention_heads, num_key_value_heads;
+    double rms_norm_eps, rope_theta;
+    bool tie_word_embeddings;
+  } model;
+
+  struct {
+    char source[TSR_MAX_VALUE];
+    int64_t batch_size, seq_len;
+  } data;
+
+  struct {
+    double lr;
+    tsr_lr_schedule lr_schedule;
+    int64_t warmup_steps;
+    double beta1, beta2, eps, weight_decay, max_norm;
+    double min_lr;            /* where the cosine ends */
+    int64_t grad_accum_steps; /* microbatches per optimizer step */
+  } optimizer;
+
+  struct {
+    char load[TSR_MAX_VALUE], save[TSR_MAX_VALUE];
+  } checkpoint;
+
+  struct {
+    char dump[TSR_MAX_VALUE], trace[TSR_MAX_VALUE];
+  } output;
+
+  int nstrategy;
+  tsr_config_section strategy[TSR_MAX_PLUGINS];
+
+  /* Every core key = value line read, for tsr_config_line. */
+  int nentries;
+  struct {
+    char section[TSR_MAX_NAME];
+    char key[TSR_MAX_NAME];
+    int line;
+  } where[128];
+} tsr_config;
+
+/* Parses and validates the job file at `path` into a new config. On TSR_EINVAL (bad input) or
+ * TSR_EIO (unreadable file) the last error holds every problem found, one per line. */
+tsr_status tsr_config_load(const char *path, tsr_config **out);
+/* As tsr_config_load, from text in memory; `name` stands in for the file name in messages. */
+tsr_status tsr_config_parse_string(const char *text, const char *name, tsr_config **out);
+void tsr_config_free(tsr_config *cfg);
+
+/* Sets one core key from "section.key=value" (e.g. "output.dump=/tmp/d.safetensors"), checked
+ * as the parser checks it: unknown keys get a did-you-mean, bad values say what is expected. For
+ * command-line overrides, applied after tsr_config_load; the job file's cross-checks are not run
+ * again, so it is meant for keys that stand on their own (paths, steps, seeds, rates; [mesh]
+ * dims and shape keep the world size in step, 0 while their counts differ).
+ * "strategy.NAME.key=value" adds or replaces a key of [strategy.NAME] (made if absent); the
+ * plugin checks it when it loads, as it checks the file's keys. */
+tsr_status tsr_config_set(tsr_config *cfg, const char *assignment);
+/* After the last tsr_config_set: the cross-checks that overrides can break ([mesh] dims and
+ * shape of one length, every [strategy.NAME] with its plugin in [plugins] load), TSR_EINVAL with
+ * the fix otherwise. */
+tsr_status tsr_config_check_sets(const tsr_config *cfg);
+
+/* TSR_EINVAL when the mesh product differs from the world size a backend provides. */
+tsr_status tsr_config_check_world(const tsr_config *cfg, int world);
+
+/* Line where `key` of `section` was set (section "strategy.tp" for plugin sections, key NULL for
+ * the section header), or 0 when the file did not set it. */
+int tsr_config_line(const tsr_config *cfg, const char *section, const char *key);
+
+/* Records "file:line: [section] key: <message>" as the last error and returns `s`. Plugins use
+ * it for their own cross-checks (heads % tp, ...) so that they read like the core's. */
+tsr_status tsr_config_error(const tsr_config *cfg, tsr_status s, const char *section,
+                            const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* The [strategy.NAME] section of plugin `name`, or NULL when the file has none. */
+const tsr_config_section *tsr_config_strategy(const tsr_config *cfg, const char *name);
+
+/* Checks a plugin section against the plugin's keys (terminated by name == NULL): unknown keys
+ * (with a did-you-mean), bad values and missing required keys. `plugin_path` goes into the
+ * message so the user knows which build declared the keys. */
+tsr_status tsr_config_check_section(const tsr_config *cfg, const char *plugin,
+                                    const tsr_key_spec *keys, const char *plugin_path);
+
+/* Value of `key` for plugin `plugin`: the INI text, else the key's default from `keys`, else
+ * NULL. The section must have passed tsr_config_check_section. */
+const char *tsr_config_get(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
+                           const char *key);
+/* Typed forms of tsr_config_get. They return TSR_EINVAL for a key that is neither set nor
+ * defaulted or a value that does not parse. */
+tsr_status tsr_config_get_int(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
+                              const char *key, int64_t *out);
+tsr_status tsr_config_get_float(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
+                                const char *key, double *out);
+tsr_status tsr_config_get_bool(const tsr_config *cfg, const char *plugin, const tsr_key_spec *keys,
+                               const char *key, bool *out);
+
+/* ---- The core schema ---- */
+
+typedef struct tsr_config_key {
+  const char *section; /* "job", "mesh", ... */
+  tsr_key_spec spec;
+} tsr_config_key;
+
+int tsr_config_schema_count(void);
+const tsr_config_key *tsr_config_schema_at(int i);
+/* Writes the INI reference (docs/ini-reference.md) generated from the schema to `f`. */
+tsr_status tsr_config_write_reference(FILE *f);
+
+/* Smallest edit distance candidate among `n` names for did-you-mean hints, or NULL when none is
+ * close enough to be a plausible typo. */
+const char *tsr_closest_name(const char *word, const char *const *names, int n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,18 @@
+/* Umbrella header: the whole public API of libtessera. */
+#ifndef TESSERA_TESSERA_H
+#define TESSERA_TESSERA_H
+
+#include "tessera/status.h"
+#include "tessera/tensor.h"
+#include "tessera/comm.h"
+#include "tessera/mesh.h"
+#include "tessera/rank.h"
+#include "tessera/dtensor.h"
+#include "tessera/device.h"
+#include "tessera/registry.h"
+
+#define TSR_VERSION_MAJOR 0
+#define TSR_VERSION_MINOR 1
+#define TSR_VERSION_PATCH 0
+
+#endif
