@@ -63,6 +63,12 @@ static tsr_status loss_value(tsr_train_rank *t, const tsr_var *loss, double *out
   return TSR_OK;
 }
 
+bool tsr_train_any_label(const int32_t *labels, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (labels[i] != -100) return true;
+  return false;
+}
+
 /* One optimizer step's worth of forward (and, when training, backward) over the microbatches of
  * one global batch. Fills *loss with the mean microbatch loss; on the dump step adds the logits
  * and the loss to `dump`. */
@@ -84,7 +90,9 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
     TSR_CHECK_GOTO(tsr_llama_forward(t->model, tape, x, y, &logits, &l), st);
     double v;
     TSR_CHECK_GOTO(loss_value(t, l, &v), st);
-    *loss += v / (double)accum;
+    /* a microbatch whose labels are all ignored has no loss (NaN, as F.cross_entropy) and no
+     * gradient: it weighs nothing, so it adds nothing */
+    if (tsr_train_any_label(labels + k * rows * seq, rows * seq)) *loss += v / (double)accum;
     if (dump && accum == 1) {
       TSR_CHECK_GOTO(tsr_train_dump_add(t, dump, "logits", logits->value), st);
       TSR_CHECK_GOTO(tsr_train_dump_add(t, dump, "loss", l->value), st);
@@ -138,6 +146,13 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
     }
   if (dump) TSR_CHECK(dump_params(t, dump, "grad.", true));
   TSR_CHECK(tsr_train_clip_grads(t, c->optimizer.max_norm, gnorm));
+  /* every rank has the same norm: all stop here, before a NaN reaches a weight */
+  if (!isfinite(*gnorm))
+    return tsr_error(TSR_ENUMERIC,
+                     "step %lld: the gradient norm is %s: the run diverged and stops before the "
+                     "optimizer step; no checkpoint is written. Lower [optimizer] lr, raise "
+                     "warmup_steps or set max_norm, or resume from the last checkpoint",
+                     (long long)step, isnan(*gnorm) ? "NaN" : "Inf");
   tsr_dtensor *vals[1024], *grads[1024];
   int nh = t->nparams < 1024 ? t->nparams : 1024;
   for (int i = 0; i < nh; i++) vals[i] = t->params[i]->value, grads[i] = t->params[i]->grad;
@@ -227,6 +242,17 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     else
       TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss),
                      st);
+    /* every rank has the batch's loss: all stop at once, with nothing saved over a good
+     * checkpoint */
+    if (!isfinite(loss)) {
+      st = tsr_error(TSR_ENUMERIC,
+                     "step %lld: the loss is %s: the run diverged and stops; no checkpoint is "
+                     "written. Lower [optimizer] lr, raise warmup_steps or set max_norm, check "
+                     "[optimizer] eps and the checkpoint loaded, or resume from the last "
+                     "checkpoint",
+                     (long long)step, isnan(loss) ? "NaN" : "Inf");
+      goto cleanup;
+    }
     if (train)
       TSR_CHECK_GOTO(optimizer_step(t, tape, step, lr, first ? &dump : NULL,
                                     step == t->start_step + 1 ? &mem : NULL, &gnorm),

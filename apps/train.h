@@ -52,6 +52,10 @@ typedef struct tsr_train_rank {
   int64_t *event_steps;   /* (nevents) the optimizer step of each event */
 } tsr_train_rank;
 
+/* True when one of the `n` labels is not the ignore index (-100): a microbatch without one has
+ * no loss (NaN) and no gradient, and adds nothing to the step's loss. */
+bool tsr_train_any_label(const int32_t *labels, int64_t n);
+
 /* The model section of the job file as the model's config. */
 tsr_llama_config tsr_train_model_config(const tsr_config *c);
 

@@ -136,7 +136,8 @@ tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, cons
                                        ids + k * rows * seq, labels + k * rows * seq, rows, seq,
                                        train, dump != NULL, &res),
                    st);
-    *loss += res.loss / (double)accum;
+    /* as in train.c: a microbatch of ignored labels only adds nothing */
+    if (tsr_train_any_label(labels + k * rows * seq, rows * seq)) *loss += res.loss / (double)accum;
     if (res.peak_in_flight > t->peak_in_flight) t->peak_in_flight = res.peak_in_flight;
     st = keep_events(t, step, &res);
     if (lead && dump) {

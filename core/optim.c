@@ -41,6 +41,10 @@ tsr_status tsr_adamw_new(tsr_rank_t *r, int n, tsr_var *const *params, const tsr
   *out = NULL;
   if (n < 0 || (n > 0 && !params))
     return TSR_ERROR(TSR_EINVAL, "adamw: %d parameters and params %p", n, (const void *)params);
+  /* eps = 0 divides 0 by 0 for a parameter whose gradient is 0 on the first step: NaN weights */
+  if (!cfg || !(cfg->eps > 0) || !isfinite(cfg->eps))
+    return TSR_ERROR(TSR_EINVAL, "adamw: eps is %g; it must be a finite number > 0 (e.g. 1e-8)",
+                     cfg ? cfg->eps : 0.0);
   tsr_adamw_t *o = calloc(1, sizeof *o);
   if (!o) return TSR_ERROR(TSR_ENOMEM, "adamw: out of memory");
   tsr_status st = TSR_OK;

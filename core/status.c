@@ -39,6 +39,8 @@ const char *tsr_status_name(tsr_status s) {
       return "EPLUGIN";
     case TSR_EINTERNAL:
       return "EINTERNAL";
+    case TSR_ENUMERIC:
+      return "ENUMERIC";
   }
   return "E?";
 }

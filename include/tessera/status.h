@@ -28,6 +28,7 @@ typedef enum tsr_status {
   TSR_ETIMEDOUT = 6, /* a collective or receive waited longer than the job's timeout */
   TSR_EPLUGIN = 7,   /* a plugin failed to load, validate or initialise */
   TSR_EINTERNAL = 8, /* a broken invariant reported instead of aborting */
+  TSR_ENUMERIC = 9,  /* a value that must be finite is NaN or Inf (a diverged run) */
 } tsr_status;
 
 /* Short name of a status, e.g. "EINVAL". Never NULL. */

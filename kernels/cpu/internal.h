@@ -40,13 +40,15 @@ void tsr_gemm_strided(float *c, int64_t ldc, const float *a, int64_t lda, const 
                       int64_t ldb, int M, int N, int K, bool trans_a, bool trans_b, float alpha,
                       float beta);
 
-/* e^x in f32 for x <= 0 (larger x are clamped to 0), within 2 ulp of expf and 0 below -87.3
- * (including -inf). Branch-free so that loops over it vectorise: x = n·ln2 + r with |r| <= ln2/2,
- * e^r by a degree-6 polynomial, 2^n put into the exponent bits. */
+/* e^x in f32 for x <= 0 (larger x, +inf included, are clamped to 0), within 2 ulp of expf and 0
+ * below -87.3 (including -inf); NaN gives NaN. Branch-free so that loops over it vectorise:
+ * x = n·ln2 + r with |r| <= ln2/2, e^r by a degree-6 polynomial, 2^n put into the exponent bits.
+ * The clamp is written so that NaN fails every comparison towards -87.3: n stays a small integer
+ * and the exponent arithmetic never overflows (a NaN cast to int32 would). */
 static inline float tsr_exp_neg(float x) {
   const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
   const float shift = 12582912.0f; /* 1.5 · 2^23: adding it rounds to an integer */
-  float xc = x < -87.3f ? -87.3f : (x > 0.0f ? 0.0f : x);
+  float xc = x > -87.3f ? (x > 0.0f ? 0.0f : x) : -87.3f;
   float n = (xc * log2e + shift) - shift;
   float r = (xc - n * ln2_hi) - n * ln2_lo;
   float p = 1.9875691500e-4f;
@@ -60,7 +62,7 @@ static inline float tsr_exp_neg(float x) {
     int32_t i;
     float f;
   } two_n = {.i = ((int32_t)n + 127) * (1 << 23)};
-  return x < -87.3f ? 0.0f : y * two_n.f;
+  return x < -87.3f ? 0.0f : (x == x ? y * two_n.f : x);
 }
 
 #endif

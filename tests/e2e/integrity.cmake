@@ -17,3 +17,17 @@ add_test(NAME e2e_trace_symlink
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/trace_symlink.sh ${TESSERA_BIN} ${E2E_JOBS}/pp2.ini
           ${E2E_OUT}/trace_symlink)
 set_tests_properties(e2e_trace_symlink PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "trace symlink: ok")
+
+# A diverged run stops with exit 1 naming the step and saves nothing over the good checkpoint;
+# a NaN checkpoint is refused at load naming the tensor; eps = 0 is refused.
+add_test(NAME e2e_nonfinite
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/nonfinite.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
+          ${E2E_OUT}/nonfinite)
+set_tests_properties(e2e_nonfinite PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "nonfinite: ok")
+
+# A microbatch of ignored labels only weighs nothing: a finite loss, the run goes on.
+add_test(NAME e2e_ignored_microbatch
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/ignored_microbatch.sh ${TESSERA_BIN}
+          ${E2E_JOBS}/accum.ini ${E2E_OUT}/ignored_microbatch)
+set_tests_properties(e2e_ignored_microbatch PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "ignored microbatch: ok")

@@ -370,8 +370,23 @@ static void test_schedule(void **state) {
   assert_true(tsr_lr_at(&none, 3) == 0.0);
 }
 
+/* eps = 0 turns a zero gradient into 0 / 0: refused when the optimizer is made. */
+static void test_adamw_eps_must_be_positive(void **state) {
+  (void)state;
+  tsr_adamw_t *opt = (tsr_adamw_t *)1;
+  const double bad[] = {0.0, -1e-8, NAN, INFINITY};
+  for (int i = 0; i < 4; i++) {
+    tsr_adamw_config cfg = {0.9, 0.95, bad[i], 0.1};
+    assert_int_equal(tsr_adamw_new(NULL, 0, NULL, &cfg, &opt), TSR_EINVAL);
+    assert_null(opt);
+    assert_non_null(strstr(tsr_last_error(), "eps"));
+    opt = (tsr_adamw_t *)1;
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_adamw_eps_must_be_positive),
       cmocka_unit_test(test_adamw_matches_reference),    cmocka_unit_test(test_adamw_missing_grad),
       cmocka_unit_test(test_norm_two_ranks_matches_one), cmocka_unit_test(test_norm_2d_mesh),
       cmocka_unit_test(test_norm_rejects_partial),       cmocka_unit_test(test_clip_by_hand),
