@@ -29,8 +29,8 @@ static const char *const op_names[] = {
 };
 
 static const char *const style_names[] = {
-    TSR_STYLE_EMBEDDING, TSR_STYLE_COLUMN_LINEAR, TSR_STYLE_KV_LINEAR,
-    TSR_STYLE_ROW_LINEAR, TSR_STYLE_RMSNORM,      NULL,
+    TSR_STYLE_EMBEDDING, TSR_STYLE_COLUMN_LINEAR, TSR_STYLE_KV_LINEAR, TSR_STYLE_ROW_LINEAR,
+    TSR_STYLE_RMSNORM,   TSR_STYLE_ATTENTION,     TSR_STYLE_MLP,       NULL,
 };
 
 const char *const *tsr_op_names(void) {

@@ -63,6 +63,8 @@ TSR_API const tsr_redistribute_rule *tsr_registry_redistribute_at(const tsr_regi
 #define TSR_STYLE_KV_LINEAR     "kv_linear"     /* k_proj, v_proj; column_linear where unset */
 #define TSR_STYLE_ROW_LINEAR    "row_linear"    /* o_proj, down_proj */
 #define TSR_STYLE_RMSNORM       "rmsnorm"       /* the norms */
+#define TSR_STYLE_ATTENTION     "attention"     /* the attention block, from its input (B, L, C) */
+#define TSR_STYLE_MLP           "mlp"           /* the MLP block, from its input (B, L, C) */
 
 /* The op names above, NULL-terminated. */
 TSR_API const char *const *tsr_op_names(void);
@@ -142,6 +144,43 @@ TSR_API const tsr_op_rule *tsr_registry_find_op_rule(const tsr_registry_t *reg, 
                                                      const tsr_placement *inputs);
 TSR_API int tsr_registry_op_rule_count(const tsr_registry_t *reg);
 TSR_API const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i);
+
+/* ---- Composition: a rule hands the op on to another mesh dim's rule ----
+ * A communicating rule that has transformed its inputs may leave work for another dim: Ulysses
+ * attention moves the sequence shard to the heads, but the sequence can still be split over
+ * ring_cp, whose rule must then run the attention. Such a rule sets `composes` and, between its
+ * own moves, calls tsr_op_defer_forward with the transformed inputs; in its backward it calls
+ * tsr_op_defer_backward with the handle, and frees the handle with its saved state:
+ *
+ *   st = tsr_op_defer_forward(r, TSR_OP_SDPA, dim, 3, moved, attrs, 1, &out, &s->deferred);
+ *   if (st == TSR_OK && !s->deferred) st = attend_locally(r, moved, &out); // no other rule
+ *   ...
+ *   if (s->deferred) st = tsr_op_defer_backward(r, s->deferred, 3, moved, attrs, 1, outs, gouts,
+ *                                                grads);
+ *   ...
+ *   tsr_op_deferral_free(s->deferred);
+ *
+ * plugins/cp_ulysses/ulysses_attention.c is the in-tree use. */
+typedef struct tsr_op_deferral tsr_op_deferral; /* opaque: the rule found and its saved state */
+
+/* Finds the rule with a compute function for `op` on a mesh dim of size > 1 other than `dim`
+ * whose input placements match `inputs` on that dim, and runs its compute on them: *out holds
+ * what its backward needs. *out = NULL and TSR_OK when no other dim has such a rule (the caller
+ * computes the op itself); TSR_ENOTSUP when two dims have one, naming both rules. */
+TSR_API tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninputs,
+                                        const tsr_dtensor *const *inputs, const void *attrs,
+                                        int noutputs, tsr_dtensor **outputs,
+                                        tsr_op_deferral **out);
+/* The backward of the rule tsr_op_defer_forward ran, with the same inputs and outputs. */
+TSR_API tsr_status tsr_op_defer_backward(tsr_rank_t *r, const tsr_op_deferral *d, int ninputs,
+                                         const tsr_dtensor *const *inputs, const void *attrs,
+                                         int noutputs, const tsr_dtensor *const *outputs,
+                                         const tsr_dtensor *const *grad_outputs,
+                                         tsr_dtensor **grad_inputs);
+/* The rule a deferral runs (for messages), or NULL for NULL. */
+TSR_API const tsr_op_rule *tsr_op_deferral_rule(const tsr_op_deferral *d);
+/* Releases the rule's saved state and the handle. NULL is a no-op. */
+TSR_API void tsr_op_deferral_free(tsr_op_deferral *d);
 
 /* ---- Module styles ----
  * For one module style (tsr_module_style_names) on one mesh dim, the strategy that owns the dim

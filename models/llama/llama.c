@@ -546,7 +546,8 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
                             tsr_var **out) {
   const tsr_llama_config *c = &m->cfg;
   int D = m->head_dim;
-  tsr_var *q, *k, *v, *qh, *kh, *vh, *qr, *kr, *a, *am;
+  tsr_var *q, *k, *v, *qh, *kh, *vh, *qr, *kr, *a, *am, *o;
+  TSR_CHECK(styled(m, t, TSR_STYLE_ATTENTION, false, x, &x));
   /* placed once for the three projections that share it: one all-gather under sequence
    * parallelism, not three */
   TSR_CHECK(styled(m, t, TSR_STYLE_COLUMN_LINEAR, false, x, &x));
@@ -560,17 +561,20 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   TSR_CHECK(tsr_op_rope(t, kh, c->rope_theta, &kr));
   TSR_CHECK(tsr_op_sdpa(t, qr, kr, vh, true, &a));
   TSR_CHECK(merge_heads(t, a, &am));
-  return linear(m, t, TSR_STYLE_ROW_LINEAR, am, y->o_proj, out);
+  TSR_CHECK(linear(m, t, TSR_STYLE_ROW_LINEAR, am, y->o_proj, &o));
+  return styled(m, t, TSR_STYLE_ATTENTION, true, o, out);
 }
 
 static tsr_status mlp(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *x,
                       tsr_var **out) {
-  tsr_var *g, *u, *s;
+  tsr_var *g, *u, *s, *d;
+  TSR_CHECK(styled(m, t, TSR_STYLE_MLP, false, x, &x));
   TSR_CHECK(styled(m, t, TSR_STYLE_COLUMN_LINEAR, false, x, &x));
   TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, x, y->gate_proj, &g));
   TSR_CHECK(linear(m, t, TSR_STYLE_COLUMN_LINEAR, x, y->up_proj, &u));
   TSR_CHECK(tsr_op_swiglu(t, g, u, &s));
-  return linear(m, t, TSR_STYLE_ROW_LINEAR, s, y->down_proj, out);
+  TSR_CHECK(linear(m, t, TSR_STYLE_ROW_LINEAR, s, y->down_proj, &d));
+  return styled(m, t, TSR_STYLE_MLP, true, d, out);
 }
 
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,

@@ -31,10 +31,8 @@ typedef struct local_attn {
 typedef struct ulysses_saved {
   int expand;                   /* each local kv head repeated this many times before the move */
   tsr_dtensor *q, *k, *v, *out; /* head-sharded on the dim */
-  const tsr_op_rule *inner;     /* the rule handed the call, or NULL */
-  int inner_dim;
-  void *inner_saved;
-  local_attn *local; /* when inner is NULL */
+  tsr_op_deferral *inner;       /* another dim's rule handed the call, or NULL */
+  local_attn *local;            /* when inner is NULL */
 } ulysses_saved;
 
 static void local_free(local_attn *a) {
@@ -54,12 +52,7 @@ void ulysses_sdpa_saved_free(void *p) {
   tsr_dtensor_free(s->k);
   tsr_dtensor_free(s->v);
   tsr_dtensor_free(s->out);
-  if (s->inner_saved) {
-    if (s->inner->free_saved)
-      s->inner->free_saved(s->inner_saved);
-    else
-      free(s->inner_saved);
-  }
+  tsr_op_deferral_free(s->inner);
   local_free(s->local);
   free(s);
 }
@@ -135,30 +128,17 @@ static tsr_status reduce_heads(tsr_rank_t *r, const tsr_dtensor *k, const tsr_dt
   return TSR_OK;
 }
 
-/* The communicating attention rule of another mesh dim for the head-sharded inputs, if any. */
-static tsr_status find_inner(tsr_rank_t *r, int dim, ulysses_saved *s) {
-  const tsr_registry_t *reg = tsr_rank_registry(r);
+/* With no other dim's rule taking the call, the sequence must be whole on every other dim, or
+ * local attention would see part of it. */
+static tsr_status check_alone(int dim, const ulysses_saved *s) {
   const tsr_mesh_t *m = s->q->mesh;
   for (int i = 0; i < tsr_mesh_ndim(m); i++) {
-    if (i == dim || tsr_mesh_dim_size(m, i) == 1) continue;
-    tsr_placement in[3] = {s->q->placements[i], s->k->placements[i], s->v->placements[i]};
-    const tsr_op_rule *rule =
-        reg ? tsr_registry_find_op_rule(reg, "sdpa", tsr_mesh_dim_name(m, i), 3, in) : NULL;
-    if (rule && rule->compute) {
-      if (s->inner)
-        return TSR_ERROR(TSR_ENOTSUP,
-                         "ulysses_cp: after the heads all-to-all both '%s' (mesh dim '%s') and "
-                         "'%s' (mesh dim '%s') communicate; one attention rule can take the call",
-                         s->inner->name, tsr_mesh_dim_name(m, s->inner_dim), rule->name,
-                         tsr_mesh_dim_name(m, i));
-      s->inner = rule;
-      s->inner_dim = i;
-    } else if (in[0].kind == TSR_SHARD && in[0].dim == 1) {
+    tsr_placement p = s->q->placements[i];
+    if (i != dim && tsr_mesh_dim_size(m, i) > 1 && p.kind == TSR_SHARD && p.dim == 1)
       return TSR_ERROR(TSR_ENOTSUP,
                        "ulysses_cp: the sequence is also sharded on mesh dim '%s', which has no "
                        "attention rule; load the strategy that owns '%s'",
                        tsr_mesh_dim_name(m, i), tsr_mesh_dim_name(m, i));
-    }
   }
   return TSR_OK;
 }
@@ -255,16 +235,12 @@ tsr_status ulysses_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtens
   TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, ke ? ke : k, k->mesh, p, &s->k), st);
   on_dim(v, dim, 2, p);
   TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, ve ? ve : v, v->mesh, p, &s->v), st);
-  TSR_CHECK_GOTO(find_inner(r, dim, s), st);
-  if (s->inner) {
-    const tsr_dtensor *ins[3] = {s->q, s->k, s->v};
-    st = s->inner->compute(r, s->inner_dim, 3, ins, attrs, 1, &s->out, &s->inner_saved,
-                           s->inner->ctx);
-    if (st != TSR_OK) {
-      tsr_error_prefix(st, "rule '%s' handed the call by ulysses_cp", s->inner->name);
-      goto cleanup;
-    }
-  } else {
+  /* ring attention, when the sequence is also split over ring_cp, takes the head-sharded call */
+  const tsr_dtensor *ins[3] = {s->q, s->k, s->v};
+  TSR_CHECK_GOTO(tsr_op_defer_forward(r, TSR_OP_SDPA, dim, 3, ins, attrs, 1, &s->out, &s->inner),
+                 st);
+  if (!s->inner) {
+    TSR_CHECK_GOTO(check_alone(dim, s), st);
     TSR_CHECK_GOTO(local_forward(r, s, a->causal), st);
   }
   st = tsr_dtensor_redistribute(r, s->out, q->mesh, q->placements, out);
@@ -294,12 +270,7 @@ tsr_status ulysses_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dten
   TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, gouts[0], q->mesh, s->out->placements, &g), st);
   if (s->inner) {
     const tsr_dtensor *ins[3] = {s->q, s->k, s->v}, *o[1] = {s->out}, *go[1] = {g};
-    st = s->inner->backward(r, s->inner_dim, 3, ins, attrs, 1, o, go, g2, s->inner_saved,
-                            s->inner->ctx);
-    if (st != TSR_OK) {
-      tsr_error_prefix(st, "rule '%s' handed the call by ulysses_cp", s->inner->name);
-      goto cleanup;
-    }
+    TSR_CHECK_GOTO(tsr_op_defer_backward(r, s->inner, 3, ins, attrs, 1, o, go, g2), st);
   } else {
     TSR_CHECK_GOTO(local_backward(r, s, g, a->causal, g2), st);
   }

@@ -106,11 +106,12 @@ static void test_vocabulary_refusals(void **state) {
   act.use_mask = 1u << 1;
   assert_int_equal(tsr_registry_add_op_rule(reg, &act), TSR_OK);
   /* a module the model does not have */
-  tsr_module_style mlp = {.style = "mlp", .mesh_dim = "tp", .owner = "x"};
-  assert_int_equal(tsr_registry_add_module_style(reg, &mlp), TSR_EINVAL);
-  assert_non_null(strstr(tsr_last_error(), "module style 'mlp' on dim tp (by x) is not a module"));
+  tsr_module_style moe = {.style = "experts", .mesh_dim = "tp", .owner = "x"};
+  assert_int_equal(tsr_registry_add_module_style(reg, &moe), TSR_EINVAL);
+  assert_non_null(
+      strstr(tsr_last_error(), "module style 'experts' on dim tp (by x) is not a module"));
   assert_non_null(strstr(tsr_last_error(), "embedding, column_linear, kv_linear, row_linear, "
-                                           "rmsnorm"));
+                                           "rmsnorm, attention, mlp"));
   /* a parameter the module does not have */
   tsr_module_style bias = {.style = TSR_STYLE_ROW_LINEAR,
                            .mesh_dim = "tp",
@@ -140,7 +141,7 @@ static void test_vocabulary_refusals(void **state) {
   assert_int_equal(n, 8);
   n = 0;
   while (tsr_module_style_names()[n]) n++;
-  assert_int_equal(n, 5);
+  assert_int_equal(n, 7);
   tsr_registry_free(reg);
 }
 
