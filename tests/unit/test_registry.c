@@ -1,12 +1,14 @@
 /* Rule registries: op sharding rules, module styles, schedules and optimizer hooks. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
 
+#include "tessera/comm.h"
 #include "tessera/registry.h"
 
 static tsr_registry_t *new_registry(void) {
@@ -269,10 +271,74 @@ static void test_optim_hooks(void **state) {
   tsr_registry_free(reg);
 }
 
+/* Per-rank state: made once per rank on first use from the rank's allocator (so it counts in the
+ * rank's memory), torn down in tsr_rank_free. */
+typedef struct rank_state_log {
+  int setups, teardowns;
+  size_t bytes_seen; /* the rank allocator's bytes in use right after setup */
+} rank_state_log;
+
+static tsr_status state_setup(tsr_rank_t *r, void *ctx, void **state) {
+  rank_state_log *log = ctx;
+  int64_t shape[1] = {256};
+  tsr_tensor *t = NULL;
+  TSR_CHECK(tsr_tensor_new(tsr_rank_allocator(r), TSR_F32, 1, shape, &t));
+  log->setups++;
+  log->bytes_seen = tsr_rank_allocator(r)->bytes_in_use;
+  *state = t;
+  return TSR_OK;
+}
+
+static void state_teardown(tsr_rank_t *r, void *state, void *ctx) {
+  (void)r;
+  ((rank_state_log *)ctx)->teardowns++;
+  tsr_tensor_free(state);
+}
+
+typedef struct rank_state_case {
+  const tsr_registry_t *reg;
+  tsr_status unknown;
+  bool same;
+} rank_state_case;
+
+static tsr_status use_state(tsr_comm_t *comm, void *arg) {
+  rank_state_case *c = arg;
+  tsr_rank_t *r = NULL;
+  TSR_CHECK(tsr_rank_new(comm, c->reg, &r));
+  void *a = NULL, *b = NULL, *none = NULL;
+  tsr_status st = tsr_rank_state(r, "test.buffer", &a);
+  if (st == TSR_OK) st = tsr_rank_state(r, "test.buffer", &b);
+  c->same = st == TSR_OK && a && a == b;
+  c->unknown = tsr_rank_state(r, "test.nothing", &none);
+  tsr_rank_free(r);
+  return st;
+}
+
+static void test_rank_state(void **state) {
+  (void)state;
+  tsr_registry_t *reg = new_registry();
+  rank_state_log log = {0};
+  tsr_rank_state_spec spec = {"test.buffer", state_setup, state_teardown, &log};
+  assert_int_equal(tsr_registry_add_rank_state(reg, &spec), TSR_OK);
+  assert_int_equal(tsr_registry_add_rank_state(reg, &spec), TSR_EINVAL);
+  assert_non_null(strstr(tsr_last_error(), "rank state 'test.buffer' is registered twice"));
+  tsr_rank_state_spec nosetup = {"test.nosetup", NULL, NULL, NULL};
+  assert_int_equal(tsr_registry_add_rank_state(reg, &nosetup), TSR_EINVAL);
+  rank_state_case c = {.reg = reg};
+  assert_int_equal(tsr_local_launch(1, 10.0, use_state, &c), TSR_OK);
+  assert_true(c.same);
+  assert_int_equal(log.setups, 1);
+  assert_int_equal(log.teardowns, 1);
+  assert_true(log.bytes_seen >= 256 * sizeof(float));
+  assert_int_equal(c.unknown, TSR_EINVAL);
+  tsr_registry_free(reg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_op_rules),
       cmocka_unit_test(test_vocabulary_refusals),
+      cmocka_unit_test(test_rank_state),
       cmocka_unit_test(test_module_styles),
       cmocka_unit_test(test_schedules),
       cmocka_unit_test(test_optim_hooks),
