@@ -1,14 +1,22 @@
 # tessera_add_plugin(<name> [OUTPUT_DIR <dir>] [INSTALL_DESTINATION <dir>] <sources>...)
 #
-# Builds the strategy plugin libtessera-<name>.so (target tessera-<name>) against an installed
-# core, as the in-tree plugins are built: a MODULE library linked to Tessera::tessera, C11, hidden
-# visibility so that only the TSR_PLUGIN_EXPORT entry point is exported. The file goes to
-# OUTPUT_DIR (default: the current binary folder), which a job names in [plugins] path or
-# TESSERA_PLUGIN_PATH. With INSTALL_DESTINATION, `cmake --install` puts it there, relative to the
-# plugin project's prefix (pass ${TESSERA_PLUGIN_DIR} to install beside the core's plugins).
-# Installed for find_package(Tessera); not used by Tessera's own build.
+# Builds the strategy plugin libtessera-<name>.so (target tessera-<name>): a MODULE library linked
+# to Tessera::tessera, C11, hidden visibility so that only the TSR_PLUGIN_EXPORT entry point is
+# exported. The file goes to OUTPUT_DIR (default: the current binary folder), which a job names in
+# [plugins] path or TESSERA_PLUGIN_PATH. With INSTALL_DESTINATION, `cmake --install` puts it
+# there, relative to the plugin project's prefix (pass ${TESSERA_PLUGIN_DIR} to install beside the
+# core's plugins); without it the plugin is not installed.
+#
+# One function for both sides: find_package(Tessera) gives it to third parties, with the installed
+# core as Tessera::tessera, and Tessera's own build includes this file for its plugins, with
+# Tessera::tessera an alias of the core target. The in-tree plugins therefore build exactly as a
+# third party's do.
 function(tessera_add_plugin name)
   cmake_parse_arguments(ARG "" "OUTPUT_DIR;INSTALL_DESTINATION" "" ${ARGN})
+  if(NOT TARGET Tessera::tessera)
+    message(FATAL_ERROR "tessera_add_plugin(${name}): no target Tessera::tessera; call "
+                        "find_package(Tessera) first")
+  endif()
   if(NOT ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "tessera_add_plugin(${name}): no source files")
   endif()
