@@ -5,7 +5,7 @@
 # against the 1-rank run; `tessera compare` prints "MATCH: 0 tensors" when every tensor agrees.
 # (Parameters after the first AdamW step move by about lr * sign(g), so an element whose gradient
 # is below AdamW's eps, ~5e-9 here, turns float noise in g into ~1e-5 in the parameter: cp_ring
-# shows the same on ring_cp 2 x ulysses_cp 2.)
+# shows the same on ring_cp 4.)
 #
 # With -DTESSERA_GOLDEN_DIR=<dir holding job.ini and expected.safetensors> (Tessera's
 # tests/data/golden/gqa), runs of that case are also compared with the PyTorch reference's dump,
@@ -51,39 +51,55 @@ function(ag_case name)
   ag_emu_case(${name} ${AG_JOB} ${ARGN})
 endfunction()
 
-ag_case(ring_cp4)                                                      # the job as written
-ag_case(ring_cp3_uneven --set mesh.shape=1,3)                          # 32 rows: 11, 11, 10
-ag_case(dp2_ring_cp2 --set mesh.shape=2,2 --set plugins.load=dp,cp_allgather)
-ag_case(tp2_ring_cp2 --set mesh.dims=tp,ring_cp --set mesh.shape=2,2 --set plugins.load=tp,cp_allgather)
+ag_case(ag_cp4)                                                        # the job as written
+ag_case(ag_cp3_uneven --set mesh.shape=1,3)                            # 32 rows: 11, 11, 10
+ag_case(dp2_ag_cp2 --set mesh.shape=2,2 --set plugins.load=dp,cp_allgather)
+ag_case(tp2_ag_cp2 --set mesh.dims=tp,ag_cp --set mesh.shape=2,2 --set plugins.load=tp,cp_allgather)
+# Pipeline stages: the hidden states cross stage boundaries split along the sequence on ag_cp,
+# as the data split declares.
+ag_case(pp2_ag_cp2 --set mesh.dims=pp,ag_cp --set mesh.shape=2,2 --set plugins.load=pp,cp_allgather)
 # Ulysses inside, all-gather across: cp_ulysses hands attention to this plugin's rule.
-ag_case(ring_cp2_ulysses_cp2 --set mesh.dims=ring_cp,ulysses_cp --set mesh.shape=2,2
+ag_case(ag_cp2_ulysses_cp2 --set mesh.dims=ag_cp,ulysses_cp --set mesh.shape=2,2
         --set plugins.load=cp_allgather,cp_ulysses)
+# cp_ring loads beside it, each plugin on its own dim; on this mesh ring_cp is absent and cp_ring
+# stays inactive.
+ag_case(ag_cp4_beside_cp_ring --set plugins.load=cp_allgather,cp_ring)
 
 # The job with regather_backward = true (--set reaches only the core's sections).
 file(READ ${AG_JOB} _text)
 string(REPLACE "regather_backward = false" "regather_backward = true" _text "${_text}")
 file(WRITE ${AG_OUT}/regather.ini "${_text}")
-add_test(NAME cp_allgather_ring_cp4_regather
+add_test(NAME cp_allgather_ag_cp4_regather
   COMMAND sh -c "\"$@\" && \"$0\" compare \"${AG_OUT}/regather.safetensors\" \"${AG_OUT}/reference.safetensors\" --rtol 1e-4 --atol 1e-4"
     ${TESSERA_EXECUTABLE} ${TESSERA_EXECUTABLE} run ${AG_OUT}/regather.ini --no-peak --no-progress
     --set job.steps=1 --dump ${AG_OUT}/regather.safetensors)
-set_tests_properties(cp_allgather_ring_cp4_regather PROPERTIES ENVIRONMENT "${AG_ENV}"
+set_tests_properties(cp_allgather_ag_cp4_regather PROPERTIES ENVIRONMENT "${AG_ENV}"
   FIXTURES_REQUIRED ag_reference PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
-ag_emu_case(ring_cp4_regather ${AG_OUT}/regather.ini)
+ag_emu_case(ag_cp4_regather ${AG_OUT}/regather.ini)
 
-# ring_cp has one owner: loading cp_ring beside this plugin is refused before any rank starts.
-add_test(NAME cp_allgather_beside_cp_ring
+# With both dims split, attention has two communicating rules, cp_ring's on ring_cp and this
+# plugin's on ag_cp, and neither hands the op to the other (cp_ulysses's does): the core refuses
+# the step, naming both rules and their dims, and the run fails (exit 1).
+add_test(NAME cp_allgather_ring_cp2_ag_cp2_refused
   COMMAND sh -c "\"$@\" 2>&1; echo exit=$?" ${TESSERA_EXECUTABLE} ${AG_RUN}
-    --set plugins.load=cp_allgather,cp_ring)
-set_tests_properties(cp_allgather_beside_cp_ring PROPERTIES ENVIRONMENT "${AG_ENV}"
-  PASS_REGULAR_EXPRESSION "ring_cp.*(cp_allgather.*cp_ring|cp_ring.*cp_allgather).*exit=2")
+    --set mesh.dims=ring_cp,ag_cp --set mesh.shape=2,2 --set plugins.load=cp_allgather,cp_ring)
+set_tests_properties(cp_allgather_ring_cp2_ag_cp2_refused PROPERTIES ENVIRONMENT "${AG_ENV}"
+  PASS_REGULAR_EXPRESSION "'cp_ring.sdpa' \\(mesh dim 'ring_cp'\\) and 'cp_allgather.sdpa' \\(mesh dim 'ag_cp'\\) both communicate.*exit=1")
+
+# A sequence shorter than the sequence shards of every dim that splits it (here ag_cp alone) is
+# refused by the plugin's check_registry before any rank starts (exit 2).
+add_test(NAME cp_allgather_short_sequence_refused
+  COMMAND sh -c "\"$@\" 2>&1; echo exit=$?" ${TESSERA_EXECUTABLE} ${AG_RUN} --set data.seq_len=3)
+set_tests_properties(cp_allgather_short_sequence_refused PROPERTIES ENVIRONMENT "${AG_ENV}"
+  PASS_REGULAR_EXPRESSION "seq_len: 3 tokens cannot give every one of the 4 sequence shards \\(ag_cp = 4\\).*exit=2")
 
 # name, [mesh] dims, shape, [plugins] load of the golden cases (8 heads, 4 kv heads, seq 16).
 set(AG_GOLDEN_CASES
-  "ring_cp4          ring_cp             4     cp_allgather"
-  "ring_cp3_uneven   ring_cp             3     cp_allgather"
-  "ring_cp2_ulysses2 ring_cp,ulysses_cp  2,2   cp_allgather,cp_ulysses"
-  "tp2_ring_cp2      tp,ring_cp          2,2   tp,cp_allgather")
+  "ag_cp4            ag_cp               4     cp_allgather"
+  "ag_cp3_uneven     ag_cp               3     cp_allgather"
+  "ag_cp2_ulysses2   ag_cp,ulysses_cp    2,2   cp_allgather,cp_ulysses"
+  "tp2_ag_cp2        tp,ag_cp            2,2   tp,cp_allgather"
+  "pp2_ag_cp2        pp,ag_cp            2,2   pp,cp_allgather")
 if(TESSERA_GOLDEN_DIR)
   foreach(row ${AG_GOLDEN_CASES})
     string(REGEX REPLACE " +" ";" row "${row}")

@@ -1,16 +1,18 @@
 /* cp_allgather: context parallelism by all-gathering K and V, as Llama 3 trains long sequences.
  *
- * The sequence is split over the plugin's dim (the model's inputs enter Shard(1) there), so every
- * row-wise op runs on its shard through the core's generic rules and parameters stay replicated,
- * their gradients resolved by an all-reduce over the dim. Attention is this plugin's one rule
- * (allgather_attention.c). Against ring attention it sends the same K/V bytes in one collective
- * instead of n - 1 exchanges, needs no equal blocks and no log-sum-exp merging, and keeps the
- * whole K and V of a layer while attention runs; with grouped-query attention K and V are the
- * small tensors, which is why Llama 3 chose it.
+ * The plugin owns a mesh dim of its own name, ag_cp, and declares in one call that the dim splits
+ * the sequence (tsr_registry_add_data_split with Shard(1)): the model's token ids and labels enter
+ * Shard(1) there, every row-wise op runs on its shard through the core's generic rules, parameters
+ * stay replicated and their gradients are resolved by an all-reduce over the dim. Attention is
+ * this plugin's one rule (allgather_attention.c). Against ring attention it sends the same K/V
+ * bytes in one collective instead of n - 1 exchanges, needs no equal blocks and no log-sum-exp
+ * merging, and keeps the whole K and V of a layer while attention runs; with grouped-query
+ * attention K and V are the small tensors, which is why Llama 3 chose it.
  *
  * Built out of tree against an installed Tessera (find_package(Tessera)): this file and
  * allgather_attention.c include only <tessera/...>.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,19 +30,32 @@ static const tsr_key_spec ag_keys[] = {
 };
 
 /* Any split of the sequence works (uneven chunks included, as torch.chunk makes them), as long
- * as every rank holds at least one query row. */
-static tsr_status ag_validate(const tsr_plugin_args *args) {
+ * as every rank holds at least one query row. Other dims may split the sequence too (cp_ulysses's,
+ * or any plugin's that declares a Shard(1) data split); which ones is known only once every plugin
+ * has registered, so the check runs in check_registry and asks the registry, not dim names. */
+static tsr_status ag_check_registry(const tsr_registry_t *reg, const tsr_plugin_args *args,
+                                    void *state) {
+  (void)state;
   const tsr_config *cfg = args->config;
-  int n = tsr_config_mesh_size(cfg, AG_DIM), u = tsr_config_mesh_size(cfg, "ulysses_cp");
-  if (n == 1) return TSR_OK;
-  int64_t L;
+  if (tsr_config_mesh_size(cfg, AG_DIM) == 1) return TSR_OK;
+  int64_t shards = 1, L;
+  char dims[256] = "";
+  size_t o = 0;
+  for (int i = 0; i < tsr_config_mesh_ndim(cfg); i++) {
+    const char *dim = tsr_config_mesh_dim(cfg, i);
+    const tsr_module_style *split = tsr_registry_find_module_style(reg, TSR_STYLE_EMBEDDING, dim);
+    int n = tsr_config_mesh_size(cfg, dim);
+    if (n == 1 || !split || !tsr_placement_equal(split->input, tsr_shard(1))) continue;
+    shards *= n;
+    if (o < sizeof dims)
+      o += (size_t)snprintf(dims + o, sizeof dims - o, "%s%s = %d", o ? " x " : "", dim, n);
+  }
   TSR_CHECK(tsr_config_key_int(cfg, "data", "seq_len", &L));
-  if (L < (int64_t)n * u)
+  if (L < shards)
     return tsr_config_error(cfg, TSR_EINVAL, "data", "seq_len",
-                            "%lld tokens cannot give every one of the %d sequence shards (%s = %d"
-                            "%s) a row; use at least %d tokens or a smaller %s",
-                            (long long)L, n * u, AG_DIM, n, u > 1 ? " times ulysses_cp" : "", n * u,
-                            AG_DIM);
+                            "%lld tokens cannot give every one of the %lld sequence shards (%s) "
+                            "a row; use at least %lld tokens or a smaller %s",
+                            (long long)L, (long long)shards, dims, (long long)shards, AG_DIM);
   return TSR_OK;
 }
 
@@ -62,7 +77,6 @@ static void ag_fini(void *state) {
 }
 
 static tsr_status ag_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
-  (void)args;
   const tsr_placement S1 = tsr_shard(1);
   tsr_op_rule sdpa = {.name = "cp_allgather.sdpa",
                       .op = "sdpa",
@@ -76,7 +90,11 @@ static tsr_status ag_register(tsr_registry_t *reg, const tsr_plugin_args *args, 
                       .backward = ag_sdpa_backward,
                       .free_saved = ag_sdpa_saved_free,
                       .ctx = state};
-  return tsr_registry_add_op_rule(reg, &sdpa);
+  TSR_CHECK(tsr_registry_add_op_rule(reg, &sdpa));
+  /* The data layout: the token ids, the labels and the hidden states between pipeline stages are
+   * split along the sequence (tensor dim 1) on AG_DIM. Without it they would stay replicated
+   * there and attention would never see a sequence shard. */
+  return tsr_registry_add_data_split(reg, args->name, AG_DIM, S1);
 }
 
 static const tsr_strategy ag_desc = {
@@ -85,14 +103,14 @@ static const tsr_strategy ag_desc = {
     .struct_size = sizeof(tsr_strategy),
     .name = "cp_allgather",
     .version = "0.1.0",
-    .description = "context parallelism on ring_cp by all-gathering K/V (Llama 3 style), dK/dV "
-                   "reduce-scattered",
+    .description = "context parallelism on its own ag_cp dim by all-gathering K/V (Llama 3 "
+                   "style), dK/dV reduce-scattered",
     .dims = ag_dims,
     .keys = ag_keys,
-    .validate = ag_validate,
     .init = ag_init,
     .fini = ag_fini,
     .register_rules = ag_register,
+    .check_registry = ag_check_registry,
 };
 
 TSR_PLUGIN_DEFINE(ag_desc);

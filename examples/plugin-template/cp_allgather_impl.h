@@ -7,11 +7,12 @@
 #include "tessera/ops.h"
 #include "tessera/registry.h"
 
-/* The mesh dim this plugin owns. The Llama model splits the sequence of its inputs over the two
- * context-parallel dims it knows (ulysses_cp, ring_cp); all-gather attention is another way to
- * run attention on ring_cp, so the plugin owns that dim and cannot be loaded beside cp_ring
- * (the loader refuses two owners of one dim). See README.md. */
-#define AG_DIM "ring_cp"
+/* The mesh dim this plugin owns, under a name of its own. The model knows no dim by name:
+ * register_rules declares that this one splits the sequence (tsr_registry_add_data_split with
+ * Shard(1)), and the model places the token ids, the labels and the hidden states between
+ * pipeline stages accordingly. So the plugin loads beside cp_ring and cp_ulysses, each on its own
+ * dim. See README.md. */
+#define AG_DIM "ag_cp"
 
 typedef struct ag_state {
   /* true: backward all-gathers K and V again instead of keeping the gathered copies from forward
