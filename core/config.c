@@ -2,9 +2,12 @@
  * detection, typed values from the schema table and the cross-key checks. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <ini.h>
 
@@ -124,6 +127,17 @@ static void inspect_line(parse_state *ps, const char *s) {
   if (*p == '[') {
     const char *end = strchr(p, ']');
     if (!end) return; /* inih reports the syntax error */
+    /* inih ignores whatever follows the ']'; only blanks and a comment may */
+    const char *rest = end + 1;
+    while (*rest == ' ' || *rest == '\t') rest++;
+    if (*rest && *rest != '\n' && *rest != '\r' && *rest != ';' && *rest != '#') {
+      size_t n = strcspn(rest, "\r\n");
+      add_error(ps, ps->line,
+                "text after ']' in a section header: '%.*s'; put a key on its own line, or "
+                "start a comment with ';' or '#'",
+                (int)(n > 40 ? 40 : n), rest);
+      return;
+    }
     char name[TSR_MAX_NAME];
     const char *b = p + 1, *e = end;
     while (b < e && isspace((unsigned char)*b)) b++;
@@ -150,6 +164,13 @@ static char *read_line(char *str, int num, void *stream) {
     }
     if (c == EOF) break;
     eof = false;
+    if (c == '\0') {
+      /* inih reads lines as C strings: the rest of the line would vanish unseen */
+      ps->line++;
+      add_error(ps, ps->line, "a NUL byte at column %d; a job file is text: remove it", n + 1);
+      ps->stop = true;
+      return NULL;
+    }
     if (n >= num - 3) {
       ps->line++;
       add_error(ps, ps->line, "line is longer than %d characters; shorten it", num - 3);
@@ -162,6 +183,11 @@ static char *read_line(char *str, int num, void *stream) {
   if (eof) return NULL;
   str[n] = '\0';
   ps->line++;
+  /* A UTF-8 byte order mark (editors on Windows write one) is accepted and dropped here, before
+   * both this file's look at the line and inih's, so the first section is read like any other. */
+  if (ps->line == 1 && (unsigned char)str[0] == 0xef && (unsigned char)str[1] == 0xbb &&
+      (unsigned char)str[2] == 0xbf)
+    memmove(str, str + 3, (size_t)n - 2);
   inspect_line(ps, str);
   return str;
 }
@@ -374,8 +400,22 @@ static tsr_status parse(parse_state *ps, const char *name) {
 
 tsr_status tsr_config_load(const char *path, tsr_config **out) {
   *out = NULL;
-  FILE *f = fopen(path, "r");
-  if (!f) return tsr_error(TSR_EIO, "%s: cannot open job file: %s", path, strerror(errno));
+  /* O_NONBLOCK: a FIFO opens at once and is refused by its type instead of waiting for a
+   * writer; a directory opens too, and reads as an empty (all-default) job unless refused */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return tsr_error(TSR_EIO, "%s: cannot open job file: %s", path, strerror(errno));
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    bool dir = fstat(fd, &sb) == 0 && S_ISDIR(sb.st_mode);
+    close(fd);
+    return tsr_error(TSR_EIO, "%s: the job file is %s; give a job file (JOB.ini)", path,
+                     dir ? "a directory" : "not a regular file (a FIFO, socket or device)");
+  }
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return tsr_error(TSR_EIO, "%s: cannot open job file: %s", path, strerror(errno));
+  }
   parse_state *ps = calloc(1, sizeof *ps);
   if (!ps) {
     fclose(f);
@@ -383,6 +423,10 @@ tsr_status tsr_config_load(const char *path, tsr_config **out) {
   }
   ps->file = f;
   tsr_status st = parse(ps, path);
+  if (st == TSR_OK && ferror(f)) {
+    free(ps->cfg);
+    st = tsr_error(TSR_EIO, "%s: reading the job file failed: %s", path, strerror(errno));
+  }
   if (st == TSR_OK) *out = ps->cfg;
   fclose(f);
   free(ps);

@@ -435,7 +435,10 @@ tsr_status tsr_config_write_reference(FILE *f) {
           "A job file is an INI file. Comments start with `;` or `#` at the start of a line, or\n"
           "` ;` after a value. Every key is optional unless marked required; an absent key takes\n"
           "its default. Unknown sections and keys, duplicate keys, indented continuation lines\n"
-          "and out-of-range values are errors that name the file, the line and the key.\n\n"
+          "and out-of-range values are errors that name the file, the line and the key. A\n"
+          "UTF-8 byte order mark at the start is accepted; a NUL byte, text after the `]` of\n"
+          "a section header (other than a comment) and a job file that is not a regular file\n"
+          "(a directory, a FIFO) are errors.\n\n"
           "`[strategy.NAME]` sections hold the keys of plugin NAME, which must be listed in\n"
           "`[plugins] load`; `tessera plugins` lists each plugin's keys, and\n"
           "`docs/plugin-guide.md` explains how a plugin declares them.\n");

@@ -76,12 +76,15 @@ void tsr_data_close(tsr_data_t *d) {
 }
 
 static tsr_status map_file(tsr_data_t *d, size_t esize) {
-  int fd = open(d->path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer */
+  int fd = open(d->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return TSR_ERROR(TSR_EIO, "data file %s: cannot open: %s", d->path, strerror(errno));
   tsr_status s = TSR_OK;
   struct stat sb;
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    s = TSR_ERROR(TSR_EIO, "data file %s: not a regular file", d->path);
+    s = TSR_ERROR(TSR_EIO, "data file %s: not a regular file (a directory, FIFO or device); give "
+                           "a file of tokens",
+                  d->path);
     goto cleanup;
   }
   size_t size = (size_t)sb.st_size;
