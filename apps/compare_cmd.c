@@ -12,14 +12,16 @@ static const char compare_usage[] =
     "       tessera compare A.safetensors B.safetensors --rel-l2 X [--skip PREFIX]...\n"
     "\n"
     "Compares two dumps (or any safetensors files of float tensors) tensor by tensor: an element\n"
-    "agrees when |a - b| <= atol + rtol * |b| (b from the second file; NaN never agrees). Prints\n"
+    "agrees when |a - b| <= atol + rtol * |b| (b from the second file); NaN and infinities agree\n"
+    "only with the same value at the same place. Prints\n"
     "every tensor that disagrees with its worst element, then the largest absolute and relative\n"
     "errors over all tensors (relative ones where |b| >= 10 atol). Defaults: rtol 1e-4, atol "
     "1e-5.\n"
     "\n"
     "With --rel-l2 a tensor agrees when ||a - b|| <= X ||b|| (2-norms over the tensor), the test\n"
     "for low-precision runs, where single elements move by a rounding step of bf16; every tensor\n"
-    "of B must be in A. --skip leaves out the tensors whose names start with PREFIX.\n"
+    "of B must be in A; non-finite elements must be the same in both and are left out of the\n"
+    "norms. --skip leaves out the tensors whose names start with PREFIX.\n"
     "\n"
     "exit codes: 0 every tensor agrees, 1 some tensor differs, 2 bad arguments or unreadable "
     "file\n";
@@ -50,6 +52,8 @@ static tsr_status worst_errors(const char *pa, const char *pb, double floor, wor
     }
     const float *px = tsr_tensor_data(x), *py = tsr_tensor_data(y);
     for (int64_t k = 0; k < tsr_tensor_numel(x); k++) {
+      /* non-finite elements are reported by the comparison itself */
+      if (!isfinite(px[k]) || !isfinite(py[k])) continue;
       double d = fabs((double)px[k] - py[k]);
       double r = py[k] != 0 ? d / fabs((double)py[k]) : (d > 0 ? INFINITY : 0);
       if (d > w->abs_err) w->abs_err = d, snprintf(w->abs_name, sizeof w->abs_name, "%s", name);
@@ -101,19 +105,33 @@ static int compare_rel_l2(const char *pa, const char *pb, double tol, const char
     } else if (st == TSR_OK) {
       const float *px = tsr_tensor_data(x), *py = tsr_tensor_data(y);
       double diff = 0, norm = 0;
+      int64_t nonfinite_bad = 0, first = -1;
       for (int64_t k = 0; k < tsr_tensor_numel(y); k++) {
+        /* a NaN or an infinity agrees only with the same value at the same place, and stays
+         * out of the norms (an Inf in b would make any error relatively small) */
+        if (!isfinite(px[k]) || !isfinite(py[k])) {
+          if (px[k] == py[k] || (isnan(px[k]) && isnan(py[k]))) continue;
+          if (first < 0) first = k;
+          nonfinite_bad++;
+          continue;
+        }
         double d = (double)px[k] - py[k];
         diff += d * d;
         norm += (double)py[k] * py[k];
       }
       diff = sqrt(diff), norm = sqrt(norm);
       double r = norm > 0 ? diff / norm : (diff > 0 ? INFINITY : 0);
-      /* NaN compares false: never agrees */
-      if (!(diff <= tol * norm)) {
+      if (nonfinite_bad) {
+        printf("%s: %lld non-finite element%s not matched; first at index %lld: %g vs %g\n", name,
+               (long long)nonfinite_bad, nonfinite_bad == 1 ? "" : "s", (long long)first,
+               (double)px[first], (double)py[first]);
+        nbad++;
+        r = INFINITY;
+      } else if (!(diff <= tol * norm)) {
         printf("%s: relative L2 error %.3g > %g\n", name, r, tol);
         nbad++;
       }
-      if (r > max_err || r != r) max_err = r, snprintf(max_name, sizeof max_name, "%s", name);
+      if (r > max_err) max_err = r, snprintf(max_name, sizeof max_name, "%s", name);
     }
     tsr_tensor_free(x);
     tsr_tensor_free(y);

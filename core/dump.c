@@ -72,11 +72,15 @@ static tsr_status compare_tensor(const tsr_safetensors_t *fa, const tsr_safetens
   double worst_excess = -1;
   for (int64_t i = 0; i < n; i++) {
     double a = px[i], b = py[i];
-    if (a == b) continue;
+    if (a == b) continue; /* equal infinities included */
+    /* a non-finite value agrees only with the same one: an Inf in b must not make the
+     * tolerance infinite, and a NaN agrees with a NaN at the same place */
+    bool finite = isfinite(a) && isfinite(b);
+    if (!finite && isnan(a) && isnan(b)) continue;
     double diff = fabs(a - b), tol = atol + rtol * fabs(b);
-    if (diff <= tol) continue;
+    if (finite && diff <= tol) continue;
     nbad++;
-    double excess = isnan(diff) ? INFINITY : diff - tol;
+    double excess = finite ? diff - tol : INFINITY;
     if (worst < 0 || excess > worst_excess) {
       worst = i;
       worst_excess = excess;
@@ -90,11 +94,18 @@ static tsr_status compare_tensor(const tsr_safetensors_t *fa, const tsr_safetens
       rem = x->shape[d] ? rem / x->shape[d] : 0;
     }
     double a = px[worst], b = py[worst];
-    report_line(report, len,
-                "%s: %lld of %lld elements differ; worst at %s: %.9g vs %.9g (|diff| "
-                "%.3g, tolerance %.3g)\n",
-                name, (long long)nbad, (long long)n, tsr_shape_str(x->ndim, idx, sa, sizeof sa), a,
-                b, fabs(a - b), atol + rtol * fabs(b));
+    if (isfinite(a) && isfinite(b))
+      report_line(report, len,
+                  "%s: %lld of %lld elements differ; worst at %s: %.9g vs %.9g (|diff| "
+                  "%.3g, tolerance %.3g)\n",
+                  name, (long long)nbad, (long long)n, tsr_shape_str(x->ndim, idx, sa, sizeof sa),
+                  a, b, fabs(a - b), atol + rtol * fabs(b));
+    else
+      report_line(report, len,
+                  "%s: %lld of %lld elements differ; worst at %s: %.9g vs %.9g (a non-finite "
+                  "value agrees only with the same value)\n",
+                  name, (long long)nbad, (long long)n, tsr_shape_str(x->ndim, idx, sa, sizeof sa),
+                  a, b);
   }
 cleanup:
   tsr_tensor_free(x);

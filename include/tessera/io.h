@@ -215,8 +215,9 @@ TSR_API void tsr_data_close(tsr_data_t *d);
 TSR_API tsr_status tsr_dump_save(const char *path, int n, const char *const *names,
                                  const tsr_tensor *const *tensors);
 
-/* Compares dumps `a` and `b` tensor by tensor. An element agrees when x == y or
- * |x - y| <= atol + rtol * |y| (y from `b`; NaN never agrees). A tensor is bad when it is missing
+/* Compares dumps `a` and `b` tensor by tensor. An element agrees when x == y, when both are NaN,
+ * or when both are finite and |x - y| <= atol + rtol * |y| (y from `b`): a NaN or an infinity
+ * agrees only with the same non-finite value at the same place. A tensor is bad when it is missing
  * from either file, has another shape, or has an element that disagrees. `*nbad` gets the number
  * of bad tensors and `report` (may be NULL) one line per bad tensor with its worst element, cut
  * to fit `report_len`. Returns TSR_OK when the files could be compared, whatever the outcome. */

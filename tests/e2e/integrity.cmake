@@ -31,3 +31,10 @@ add_test(NAME e2e_ignored_microbatch
           ${E2E_JOBS}/accum.ini ${E2E_OUT}/ignored_microbatch)
 set_tests_properties(e2e_ignored_microbatch PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "ignored microbatch: ok")
+
+# tessera compare: non-finite values agree only with the same value at the same place.
+add_test(NAME e2e_compare_nonfinite
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/compare_nonfinite.sh ${TESSERA_BIN}
+          ${E2E_OUT}/compare_nonfinite)
+set_tests_properties(e2e_compare_nonfinite PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "compare nonfinite: ok")
