@@ -1,4 +1,5 @@
 /* `tessera run`: option parsing, backend checks, then the training loop (train.c). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,23 +45,52 @@ static bool is_path_key(const char *assignment) {
   return false;
 }
 
+/* The current directory, malloc'd, however long; NULL with errno set when it cannot be read. */
+static char *current_dir(void) {
+  for (size_t len = 256; len <= ((size_t)1 << 20); len *= 2) {
+    char *buf = malloc(len);
+    if (!buf) return NULL;
+    if (getcwd(buf, len)) return buf;
+    int err = errno;
+    free(buf);
+    if (err != ERANGE) {
+      errno = err;
+      return NULL;
+    }
+  }
+  errno = ENAMETOOLONG;
+  return NULL;
+}
+
 /* A path typed on the command line is relative to the current directory, while the job file's
- * own paths are relative to the job file: make it absolute so the two cannot be confused. */
+ * own paths are relative to the job file: make it absolute so the two cannot be confused. NULL,
+ * with the reason on stderr, when that cannot be done: the override is never dropped or cut. */
 static char *absolute_set(const char *assignment) {
   const char *eq = strchr(assignment, '=');
   const char *val = eq ? eq + 1 : assignment;
   const char *colon = strncmp(assignment, "data.source=", 12) ? NULL : strchr(val, ':');
   const char *path = colon ? colon + 1 : val;
-  char cwd[TSR_MAX_PATH];
-  size_t len = strlen(assignment) + TSR_MAX_PATH + 2;
-  char *out = malloc(len);
-  if (!out) return NULL;
-  if (!is_path_key(assignment) || !path[0] || path[0] == '/' || !getcwd(cwd, sizeof cwd) ||
-      (!colon && !strncmp(assignment, "data.source=", 12))) {
-    snprintf(out, len, "%s", assignment);
-    return out;
+  bool keep = !is_path_key(assignment) || !path[0] || path[0] == '/' ||
+              (!colon && !strncmp(assignment, "data.source=", 12));
+  char *cwd = keep ? NULL : current_dir();
+  if (!keep && !cwd) {
+    fprintf(stderr, "tessera run: --set %s: cannot read the current directory to resolve the "
+                    "relative path: %s; give an absolute path\n",
+            assignment, strerror(errno));
+    return NULL;
   }
-  snprintf(out, len, "%.*s%s/%s", (int)(path - assignment), assignment, cwd, path);
+  size_t len = strlen(assignment) + (cwd ? strlen(cwd) : 0) + 2;
+  char *out = malloc(len);
+  if (!out) {
+    free(cwd);
+    fprintf(stderr, "tessera run: out of memory\n");
+    return NULL;
+  }
+  if (keep)
+    snprintf(out, len, "%s", assignment);
+  else
+    snprintf(out, len, "%.*s%s/%s", (int)(path - assignment), assignment, cwd, path);
+  free(cwd);
   return out;
 }
 
@@ -84,13 +114,19 @@ int tsr_cmd_run(int argc, char **argv) {
       code = TSR_EXIT_BAD_INPUT;
     } else if (!strcmp(a, "--set")) {
       sets[nset] = absolute_set(argv[++i]);
-      if (sets[nset]) nset++;
+      if (sets[nset])
+        nset++;
+      else
+        code = TSR_EXIT_BAD_INPUT;
     } else if (!strcmp(a, "--dump")) {
       size_t len = strlen(argv[i + 1]) + 16;
       char *s = malloc(len);
       if (s) snprintf(s, len, "output.dump=%s", argv[++i]);
-      if (s) sets[nset] = absolute_set(s);
-      if (s && sets[nset]) nset++;
+      sets[nset] = s ? absolute_set(s) : NULL;
+      if (sets[nset])
+        nset++;
+      else
+        code = TSR_EXIT_BAD_INPUT;
       free(s);
     } else if (!strcmp(a, "--stop-at")) {
       char *end;

@@ -191,7 +191,8 @@ static tsr_status report_mem(tsr_train_rank *t, tsr_group_t *all, const tsr_trai
 
 static tsr_status open_data(tsr_train_rank *t, tsr_data_t **data) {
   const tsr_config *c = t->job->cfg;
-  char src[TSR_TRAIN_PATH_LEN + 32], path[TSR_TRAIN_PATH_LEN];
+  /* the kind (at most a value long), ':' and the resolved path: nothing is cut */
+  char src[TSR_TRAIN_PATH_LEN + TSR_MAX_VALUE], path[TSR_TRAIN_PATH_LEN];
   const char *colon = strchr(c->data.source, ':');
   if (colon)
     snprintf(src, sizeof src, "%.*s:%s", (int)(colon - c->data.source), c->data.source,

@@ -366,6 +366,13 @@ static void cross_check(parse_state *ps) {
 }
 
 static tsr_status parse(parse_state *ps, const char *name) {
+  /* the job's directory resolves every relative path of it: cut, it would move them */
+  if (strlen(name) >= TSR_MAX_PATH)
+    return tsr_error(TSR_EINVAL,
+                     "%.60s...: the job file's path has %zu characters, more than the %d a job "
+                     "path may have; move the job file to a shorter path or run it from its "
+                     "directory",
+                     name, strlen(name), TSR_MAX_PATH - 1);
   tsr_config *cfg = calloc(1, sizeof *cfg);
   if (!cfg) return TSR_ERROR(TSR_ENOMEM, "out of memory reading %s", name);
   ps->cfg = cfg;

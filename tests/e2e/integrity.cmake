@@ -38,3 +38,10 @@ add_test(NAME e2e_compare_nonfinite
           ${E2E_OUT}/compare_nonfinite)
 set_tests_properties(e2e_compare_nonfinite PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "compare nonfinite: ok")
+
+# Paths too long for a buffer are errors, never cut (a job under a 1,200-character path, --set
+# relative paths from a long current directory).
+add_test(NAME e2e_long_paths
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/long_paths.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
+          ${E2E_OUT}/long_paths)
+set_tests_properties(e2e_long_paths PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "long paths: ok")
