@@ -347,7 +347,10 @@ static tsr_status load_all(const tsr_safetensors_t *st, int n, const char *const
                     tsr_safetensors_path(st), names[i]);
       goto cleanup;
     }
-    TSR_CHECK_GOTO(tsr_safetensors_check_into(st, names[i], dst[i], true), s);
+    s = tsr_safetensors_check_into(st, names[i], dst[i], true);
+    /* a dtype Tessera has no tensor for (U8, F64, ...) is a bad file, not a missing feature */
+    if (s == TSR_ENOTSUP) s = TSR_EINVAL;
+    if (s != TSR_OK) goto cleanup;
     TSR_CHECK_GOTO(tsr_safetensors_check_finite(st, names[i]), s);
   }
   TSR_CHECK_GOTO(check_extras(st, sorted, n, opts), s);

@@ -548,6 +548,23 @@ static void test_nonfinite_refused(void **state) {
   free_all(p);
 }
 
+/* A tensor in a dtype Tessera has no tensor for is a bad checkpoint (TSR_EINVAL, exit 2), not a
+ * missing feature (exit 1). */
+static void test_unloadable_dtype_is_bad_input(void **state) {
+  fixture *f = *state;
+  unsigned char data[12] = {0};
+  io_write_st(f->model,
+              "{\"model.embed_tokens.weight\":{\"dtype\":\"U8\",\"shape\":[4,3],"
+              "\"data_offsets\":[0,12]}}",
+              data, sizeof data);
+  tsr_tensor *p[NP];
+  fresh(p);
+  assert_int_equal(tsr_checkpoint_load_model(f->model, 1, f->names, p, NULL), TSR_EINVAL);
+  assert_error_has("'model.embed_tokens.weight' has dtype U8");
+  assert_true(untouched(p));
+  free_all(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_optim_path),
@@ -562,6 +579,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_stale_temporaries_removed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_replace_keeps_mode, setup, teardown),
       cmocka_unit_test_setup_teardown(test_nonfinite_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_unloadable_dtype_is_bad_input, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
