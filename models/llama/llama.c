@@ -297,10 +297,11 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   }
   m->nparams = n;
   if (m->chunks > 1 && m->npp < 2) {
+    const char *sd = stage_dim(r);
     st = TSR_ERROR(TSR_EINVAL,
-                   "stages_per_rank = %d needs a mesh dim 'pp' of at least 2 (virtual stages "
-                   "alternate between pp ranks)",
-                   m->chunks);
+                   "stages_per_rank = %d needs a pipeline stage dim%s%s%s of at least 2 (virtual "
+                   "stages alternate between its ranks)",
+                   m->chunks, sd[0] ? " ('" : "", sd, sd[0] ? "')" : "");
     goto cleanup;
   }
   TSR_CHECK_GOTO(tsr_llama_layout_check(layout, m->npp, Lyr), st);
