@@ -79,7 +79,7 @@ static void ag_fini(void *state) {
 static tsr_status ag_register(tsr_registry_t *reg, const tsr_plugin_args *args, void *state) {
   const tsr_placement S1 = tsr_shard(1);
   tsr_op_rule sdpa = {.name = "cp_allgather.sdpa",
-                      .op = "sdpa",
+                      .op = TSR_OP_SDPA,
                       .mesh_dim = AG_DIM,
                       .ninputs = 3,
                       .inputs = {S1, S1, S1},
