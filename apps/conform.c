@@ -34,7 +34,7 @@ static const char conform_usage[] =
     "  L0  load and ABI: the descriptor's fields, ABI version, struct_size, name, dims, keys\n"
     "  L1  contract: bad keys rejected with a message, init/fini pairing, fini after a failed "
     "job,\n"
-    "      rejections carry a message, registrations within the plugin's dims\n"
+    "      rejections carry a message, register_rules accepted by the registry\n"
     "  L2  each op rule, redistribute transition, module style and schedule it registers, against\n"
     "      dense references on meshes of 1-4 ranks along its dims, uneven sizes, forward and\n"
     "      backward\n"

@@ -142,6 +142,8 @@ bool cf_find_plugin(const char *name, char *out, size_t len);
  * plugin's keys at their defaults or one ENUM/BOOL key at another value. Returns false past the
  * last. Writes the [strategy.NAME] lines into extra. */
 bool cf_variant(const cf_plugin *p, int v, int *model, char *extra, size_t len);
+/* Variant v in words, for messages: "kv heads split" or "1 kv head", then its key lines. */
+const char *cf_variant_str(const cf_plugin *p, int v, char *buf, size_t len);
 
 /* An L2 test body for one job variant: `found` is the registration (tsr_op_rule,
  * tsr_redistribute_rule, tsr_module_style or tsr_schedule) in that job's registry `reg`. */

@@ -4,6 +4,7 @@
  * jobs in one process would, and check that refusals come with a status and a message and that
  * what the plugin registers stays within what the model calls.
  */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,29 +277,154 @@ static cf_result l1_failed_job(const cf_plugin *p, const cf_test *t, char *msg, 
                 other);
 }
 
-static bool known(const char *s, const char *const *list, size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (!strcmp(s, list[i])) return true;
+static bool in_list(const char *s, const char *const *list) {
+  for (; s && *list; list++)
+    if (!strcmp(s, *list)) return true;
   return false;
 }
 
+/* What register_rules added to `reg` beyond its first `nops` op rules and `nstyles` styles, held
+ * against the vocabulary (tsr_op_names, tsr_module_style_names). The registry refuses anything
+ * else when it is registered; this says so should a registration ever get past it. */
+static bool within_vocabulary(const tsr_registry_t *reg, int nops, int nstyles, char *msg,
+                              size_t len) {
+  for (int i = nops; i < tsr_registry_op_rule_count(reg); i++) {
+    const tsr_op_rule *r = tsr_registry_op_rule_at(reg, i);
+    if (!in_list(r->op, tsr_op_names())) {
+      cf_say(msg, len, CF_FAIL, "rule '%s' is for op '%s', which is not in tsr_op_names()", r->name,
+             r->op);
+      return false;
+    }
+  }
+  for (int i = nstyles; i < tsr_registry_module_style_count(reg); i++) {
+    const tsr_module_style *st = tsr_registry_module_style_at(reg, i);
+    if (!in_list(st->style, tsr_module_style_names())) {
+      cf_say(msg, len, CF_FAIL, "module style '%s' on %s is not in tsr_module_style_names()",
+             st->style, st->mesh_dim);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* The descriptor of a plugin the one under test requires, from the search path (its file in
+ * path); NULL if none. */
+static const tsr_strategy *required_desc(const char *name, char *path, size_t len) {
+  if (!cf_find_plugin(name, path, len)) return NULL;
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  void *sym = h ? dlsym(h, TSR_PLUGIN_SYMBOL) : NULL;
+  if (!sym) return NULL;
+  tsr_plugin_entry_fn entry;
+  memcpy(&entry, &sym, sizeof entry);
+  const tsr_strategy *d = entry(TSR_ABI_MAJOR, TSR_ABI_MINOR);
+  return d && d->abi_major == TSR_ABI_MAJOR ? d : NULL;
+}
+
+/* One job as the loader runs it, with the callbacks called directly: the required plugins, then
+ * the plugin (descs[n - 1]), each validate, init and register_rules in turn into one registry,
+ * on the whole job's config (a required plugin may leave styles to the plugin when the job loads
+ * it). Returns false when the job did not get to the plugin's register_rules (a validate or init
+ * refused it); otherwise sets *st to register_rules' status, `why` to its message, and checks
+ * what it added against the vocabulary (*outside set, msg written, on a name outside it). */
+static bool register_directly(const tsr_strategy *const *descs, const char *const *names,
+                              const char (*paths)[TSR_MAX_PATH], int n, tsr_config *cfg,
+                              tsr_status *st, char *why, size_t wlen, bool *outside, char *msg,
+                              size_t len) {
+  tsr_registry_t *reg = NULL;
+  void *state[CF_MAX_LIST + 1] = {0};
+  int inited = 0;
+  bool ran = false;
+  *outside = false;
+  if (tsr_registry_new(&reg) != TSR_OK) return false;
+  for (int i = 0; i < n; i++) {
+    tsr_plugin_args args = {cfg, names[i], paths[i], TSR_ABI_MAJOR, TSR_ABI_MINOR};
+    tsr_clear_error();
+    if (descs[i]->validate && descs[i]->validate(&args) != TSR_OK) break;
+    if (descs[i]->init(&args, &state[i]) != TSR_OK) break;
+    inited++;
+    int nops = tsr_registry_op_rule_count(reg), nstyles = tsr_registry_module_style_count(reg);
+    tsr_clear_error();
+    tsr_status rs = descs[i]->register_rules(reg, &args, state[i]);
+    if (i < n - 1) {
+      if (rs != TSR_OK) break; /* a required plugin's failure: not this plugin's job */
+      continue;
+    }
+    ran = true;
+    *st = rs;
+    snprintf(why, wlen, "%s", tsr_last_error()[0] ? tsr_last_error() : "no message");
+    if (rs == TSR_OK) *outside = !within_vocabulary(reg, nops, nstyles, msg, len);
+  }
+  while (inited-- > 0) descs[inited]->fini(state[inited]);
+  tsr_registry_free(reg);
+  return ran;
+}
+
+/* Every job discovery tries (each test dim at 1-4 ranks, each variant), run as the loader would
+ * (register_directly). The registry refuses a rule for an op outside the vocabulary, the wrong
+ * ninputs, use_mask on an input that is not a parameter, a style outside the vocabulary, a
+ * parameter other than "weight", or a (style, dim) another plugin holds, and register_rules then
+ * fails: the loader fails the plugin on every such job (its register check, so L1.lifecycle and
+ * discovery fail too). This test names the plugin, the job and the registry's own message. A job
+ * that a validate or init refuses is not the plugin's claim and is skipped. */
 static cf_result l1_register_scope(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   (void)t;
-  if (need_loaded(p, msg, len) != CF_PASS) return CF_FAIL;
-  static const char *const ops[] = {"embedding", "rmsnorm", "linear", "view",         "rope",
-                                    "sdpa",      "add",     "swiglu", "cross_entropy"};
-  static const char *const styles[] = {"column_linear", "row_linear", "kv_linear", "embedding",
-                                       "rmsnorm",       "attention",  "mlp"};
-  for (int i = 0; i < p->nitems; i++) {
-    const cf_item *it = &p->items[i];
-    if (it->kind == CF_ITEM_OP && !known(it->op, ops, sizeof ops / sizeof ops[0]))
-      return cf_say(msg, len, CF_FAIL, "rule '%s' is for op '%s', which no model op calls",
-                    it->name, it->op);
-    if (it->kind == CF_ITEM_STYLE && !known(it->name, styles, sizeof styles / sizeof styles[0]))
-      return cf_say(msg, len, CF_FAIL, "module style '%s' is not one the model uses", it->name);
+  if (!p->described || !p->name[0])
+    return cf_say(msg, len, CF_FAIL, "the descriptor could not be read (see L0)");
+  void *h;
+  const tsr_strategy *descs[CF_MAX_LIST + 1];
+  const char *names[CF_MAX_LIST + 1];
+  static char paths[CF_MAX_LIST + 1][TSR_MAX_PATH];
+  int n = 0;
+  for (int i = 0; i < p->nrequired; i++) {
+    names[n] = p->required[i];
+    if (!(descs[n] = required_desc(p->required[i], paths[n], sizeof paths[n])))
+      return cf_say(msg, len, CF_FAIL,
+                    "required plugin %s: no usable " TSR_PLUGIN_PREFIX "%s" TSR_PLUGIN_SUFFIX
+                    " on the plugin search path",
+                    p->required[i], p->required[i]);
+    n++;
   }
-  return cf_say(msg, len, CF_PASS, "%d registrations, %d optimizer hooks, %d gradient hooks",
-                p->nitems, p->n_optim_hooks, p->n_grad_hooks);
+  names[n] = p->name;
+  snprintf(paths[n], sizeof paths[n], "%s", p->path);
+  if (!(descs[n++] = cf_open_desc(p, &h, msg, len))) return CF_FAIL;
+  char load[512], extra[512], text[8192];
+  cf_load_list(p, load, sizeof load);
+  int jobs = 0, nd = p->ntest_dims ? p->ntest_dims : 1;
+  for (int di = 0; di < nd; di++)
+    for (int size = 1; size <= (p->ntest_dims ? 4 : 1); size++) {
+      int model;
+      for (int v = 0; cf_variant(p, v, &model, extra, sizeof extra); v++) {
+        const char *dims[1] = {p->ntest_dims ? p->test_dims[di] : "dp"};
+        int shape[1] = {size};
+        tsr_config *cfg = NULL;
+        cf_job_text(text, sizeof text, 1, dims, shape, load, model, "train", extra);
+        if (tsr_config_parse_string(text, "conform.ini", &cfg) != TSR_OK)
+          return cf_say(msg, len, CF_FAIL, "suite error: %s", tsr_last_error());
+        tsr_status st = TSR_OK;
+        char why[CF_MSG], what[512];
+        bool outside;
+        bool ran = register_directly(descs, names, (const char(*)[TSR_MAX_PATH])paths, n, cfg, &st,
+                                     why, sizeof why, &outside, msg, len);
+        tsr_config_free(cfg);
+        if (!ran) continue;
+        jobs++;
+        if (st != TSR_OK)
+          return cf_say(msg, len, CF_FAIL,
+                        "plugin %s: register_rules failed (%s) on %s = %d (%s), so the loader "
+                        "refuses every such job; the registry says: %s",
+                        p->name, tsr_status_name(st), dims[0], size,
+                        cf_variant_str(p, v, what, sizeof what), why);
+        if (outside) return CF_FAIL;
+      }
+    }
+  if (!jobs)
+    return cf_say(msg, len, CF_NOTSUP,
+                  "validate or init refused every job tried, so register_rules never ran (see "
+                  "L1.lifecycle)");
+  return cf_say(msg, len, CF_PASS,
+                "register_rules accepted by the registry in %d jobs; registrations %d, optimizer "
+                "hooks %d, gradient hooks %d",
+                jobs, p->nitems, p->n_optim_hooks, p->n_grad_hooks);
 }
 
 void cf_add_contract_tests(const cf_plugin *p) {

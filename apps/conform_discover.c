@@ -145,24 +145,29 @@ static void discover_rules(cf_plugin *p) {
   tsr_config *cfg;
   tsr_registry_t *reg;
   tsr_plugin_set_t *set;
+  /* the dims to test on: its own, or, for a plugin that owns none, those of the plugins it
+   * requires (loaded without it, so that they are known even when it does not load) */
+  char dims[CF_MAX_LIST][TSR_MAX_DIM_NAME];
+  int ndims = 0;
+  for (int i = 0; i < p->ndims; i++) snprintf(dims[ndims++], TSR_MAX_DIM_NAME, "%s", p->dims[i]);
+  cf_job_text(text, sizeof text, 0, NULL, NULL, req, 0, "train", "");
+  if (!ndims && p->nrequired && cf_job_load(text, &cfg, &reg, &set) == TSR_OK) {
+    for (int i = 0; i < tsr_plugin_set_count(set); i++) {
+      const tsr_strategy *d = tsr_plugin_set_strategy(set, i);
+      for (int k = 0; d && d->dims && d->dims[k] && ndims < CF_MAX_LIST; k++)
+        snprintf(dims[ndims++], TSR_MAX_DIM_NAME, "%s", d->dims[k]);
+    }
+    cf_job_free(cfg, reg, set);
+  }
+  for (int i = 0; i < ndims; i++) memcpy(p->test_dims[i], dims[i], TSR_MAX_DIM_NAME);
+  p->ntest_dims = ndims;
   cf_job_text(text, sizeof text, 0, NULL, NULL, load, 0, "train", "");
   if (cf_job_load(text, &cfg, &reg, &set) != TSR_OK) {
     snprintf(p->load_msg, sizeof p->load_msg, "%s", tsr_last_error());
     return;
   }
   p->loaded = true;
-  /* the dims of the required plugins, for a plugin that owns none */
-  char dims[CF_MAX_LIST][TSR_MAX_DIM_NAME];
-  int ndims = 0;
-  for (int i = 0; i < p->ndims; i++) snprintf(dims[ndims++], TSR_MAX_DIM_NAME, "%s", p->dims[i]);
-  for (int i = 0; !ndims && i < tsr_plugin_set_count(set); i++) {
-    const tsr_strategy *d = tsr_plugin_set_strategy(set, i);
-    for (int k = 0; d && d->dims && d->dims[k] && ndims < CF_MAX_LIST; k++)
-      snprintf(dims[ndims++], TSR_MAX_DIM_NAME, "%s", d->dims[k]);
-  }
   cf_job_free(cfg, reg, set);
-  for (int i = 0; i < ndims; i++) memcpy(p->test_dims[i], dims[i], TSR_MAX_DIM_NAME);
-  p->ntest_dims = ndims;
   for (size_t i = 0; i < CF_NKNOWN && p->nothers < 8; i++) {
     char path[TSR_MAX_PATH];
     if (!strcmp(cf_known_plugins[i], p->name) ||

@@ -127,6 +127,19 @@ bool cf_variant(const cf_plugin *p, int v, int *model, char *extra, size_t len) 
   return false;
 }
 
+const char *cf_variant_str(const cf_plugin *p, int v, char *buf, size_t len) {
+  char extra[512], keys[512] = "";
+  int model;
+  cf_variant(p, v, &model, extra, sizeof extra);
+  size_t o = 0;
+  for (char *sv = NULL, *line = strtok_r(extra, "\n", &sv); line && o < sizeof keys;
+       line = strtok_r(NULL, "\n", &sv))
+    if (line[0] != '[')
+      o += (size_t)snprintf(keys + o, sizeof keys - o, "%s%s", o ? ", " : "", line);
+  snprintf(buf, len, "%s%s%s", model ? "1 kv head" : "kv heads split", keys[0] ? ", " : "", keys);
+  return buf;
+}
+
 bool cf_find_plugin(const char *name, char *out, size_t len) {
   static char dirs[32][TSR_MAX_PATH];
   int n = tsr_plugin_search_dirs(NULL, NULL, dirs, 32);
@@ -200,17 +213,9 @@ cf_result cf_over_variants(const cf_plugin *p, const cf_test *t, int n, cf_varia
     cf_job_free(job.cfg, job.reg, job.set);
     jobs++;
     if (r == CF_FAIL) {
-      /* name the job variant: its [strategy.NAME] lines, or the model it used */
-      char extra[512], keys[512] = "";
-      int model;
-      cf_variant(p, v - 1, &model, extra, sizeof extra);
-      size_t o = 0;
-      for (char *sv = NULL, *line = strtok_r(extra, "\n", &sv); line && o < sizeof keys;
-           line = strtok_r(NULL, "\n", &sv))
-        if (line[0] != '[')
-          o += (size_t)snprintf(keys + o, sizeof keys - o, "%s%s", o ? ", " : "", line);
-      return cf_say(msg, len, CF_FAIL, "%s (job variant: %s%s%s)", m,
-                    model ? "1 kv head" : "kv heads split", keys[0] ? ", " : "", keys);
+      char what[512];
+      return cf_say(msg, len, CF_FAIL, "%s (job variant: %s)", m,
+                    cf_variant_str(p, v - 1, what, sizeof what));
     }
     /* a PASS outranks a NOTSUP; the first message of the best verdict is kept */
     if (r == CF_PASS && best == CF_NOTSUP) keep[0] = '\0';

@@ -152,7 +152,7 @@ static bool listed(const char *list, const char *name) {
 }
 
 void cf_add_model_tests(const cf_plugin *p) {
-  if (!p->name[0]) return;
+  if (!p->name[0] || !p->loaded) return; /* L1 and L2.discovery say why it does not load */
   char req[256] = "";
   for (int i = 0; i < p->nrequired; i++)
     snprintf(req + strlen(req), sizeof req - strlen(req), "%s;", p->required[i]);

@@ -10,8 +10,12 @@
  *               gradient, with the placements the rule gives them;
  *   transition  each (src, dst) pair its match() accepts: Replicate -> src -> dst -> Replicate
  *               gives the tensor back exactly, and so does the adjoint of src -> dst;
- *   style       the module (linear, embedding, rmsnorm, attention, mlp) with parameters, input
- *               and output placed by the style, against the dense module, forward and backward.
+ *   style       the module of the style (linear for column_linear, row_linear and kv_linear;
+ *               embedding; rmsnorm) with its weight, input and output placed by the style,
+ *               against the dense module, forward and backward.
+ * Op and style names are the registry's vocabulary (tsr_op_names, tsr_module_style_names): the
+ * registry refuses any other at registration, so a name here without a generator is a gap in the
+ * suite (NOTSUP), never the plugin's fault.
  * Shapes come in an uneven variant (7, 11, 13: torch.chunk leaves no rank empty) and even ones.
  * A rule may refuse a shape with EINVAL or ENOTSUP; one that refuses every shape tried is
  * NOTSUP, a wrong number or any other failure is FAILED. Schedules, the other L2 registration,
@@ -34,7 +38,7 @@ typedef struct l2_shape {
 
 /* Variant sv of the shapes for a mesh of n ranks; false past the last one for this op. */
 static bool l2_shapes(const char *op, int n, int sv, l2_shape *s) {
-  bool attn = !strcmp(op, "sdpa") || !strcmp(op, "attention");
+  bool attn = !strcmp(op, TSR_OP_SDPA);
   if (sv == 0) {
     *s = (l2_shape){7, 7, 7, 11, 13, 7, 7, 4, true};
     return true;
@@ -72,37 +76,37 @@ static tsr_status op_inputs(const char *op, const l2_shape *s, tsr_tensor **in, 
   int64_t x3[3] = {s->B, s->L, s->C}, w[2] = {s->OC, s->C}, q[4] = {s->B, s->L, s->H, s->D};
   int64_t kv[4] = {s->B, s->L, s->HKV, s->D}, lg[3] = {s->B, s->L, s->V}, e[2] = {s->V, s->C};
   *nin = 0;
-  if (!strcmp(op, "linear")) {
+  if (!strcmp(op, TSR_OP_LINEAR)) {
     *nin = 2;
     TSR_CHECK(rand_tensor(3, x3, 1, &in[0]));
     return rand_tensor(2, w, 2, &in[1]);
   }
-  if (!strcmp(op, "embedding")) {
+  if (!strcmp(op, TSR_OP_EMBEDDING)) {
     *nin = 2;
     TSR_CHECK(ids_tensor(s->B, s->L, s->V, false, &in[0]));
     return rand_tensor(2, e, 3, &in[1]);
   }
-  if (!strcmp(op, "rmsnorm")) {
+  if (!strcmp(op, TSR_OP_RMSNORM)) {
     *nin = 2;
     TSR_CHECK(rand_tensor(3, x3, 4, &in[0]));
     return rand_tensor(1, &s->C, 5, &in[1]);
   }
-  if (!strcmp(op, "rope")) {
+  if (!strcmp(op, TSR_OP_ROPE)) {
     *nin = 1;
     return rand_tensor(4, q, 6, &in[0]);
   }
-  if (!strcmp(op, "sdpa") || !strcmp(op, "attention")) {
+  if (!strcmp(op, TSR_OP_SDPA)) {
     *nin = 3;
     TSR_CHECK(rand_tensor(4, q, 7, &in[0]));
     TSR_CHECK(rand_tensor(4, kv, 8, &in[1]));
     return rand_tensor(4, kv, 9, &in[2]);
   }
-  if (!strcmp(op, "add") || !strcmp(op, "swiglu") || !strcmp(op, "mlp")) {
+  if (!strcmp(op, TSR_OP_ADD) || !strcmp(op, TSR_OP_SWIGLU)) {
     *nin = 2;
     TSR_CHECK(rand_tensor(3, x3, 10, &in[0]));
     return rand_tensor(3, x3, 11, &in[1]);
   }
-  if (!strcmp(op, "cross_entropy")) {
+  if (!strcmp(op, TSR_OP_CROSS_ENTROPY)) {
     *nin = 2;
     TSR_CHECK(rand_tensor(3, lg, 12, &in[0]));
     return ids_tensor(s->B, s->L, s->V, true, &in[1]);
@@ -110,25 +114,32 @@ static tsr_status op_inputs(const char *op, const l2_shape *s, tsr_tensor **in, 
   return TSR_ENOTSUP;
 }
 
+/* The ops of the vocabulary the suite makes inputs for and runs (op_inputs, run_op). */
+static const char *const generated_ops[] = {
+    TSR_OP_EMBEDDING, TSR_OP_RMSNORM, TSR_OP_LINEAR, TSR_OP_ROPE,
+    TSR_OP_SDPA,      TSR_OP_ADD,     TSR_OP_SWIGLU, TSR_OP_CROSS_ENTROPY,
+};
+
+/* True for an op of the vocabulary that the suite has a generator for. */
 static bool op_known(const char *op) {
-  static const char *const ops[] = {"linear", "embedding", "rmsnorm", "rope",          "sdpa",
-                                    "add",    "swiglu",    "mlp",     "cross_entropy", "attention"};
-  for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-    if (!strcmp(op, ops[i])) return true;
+  bool in_vocabulary = false;
+  for (const char *const *v = tsr_op_names(); *v && !in_vocabulary; v++)
+    in_vocabulary = !strcmp(op, *v);
+  for (size_t i = 0; in_vocabulary && i < sizeof generated_ops / sizeof generated_ops[0]; i++)
+    if (!strcmp(op, generated_ops[i])) return true;
   return false;
 }
 
 static tsr_status run_op(tsr_tape_t *t, const char *op, const l2_shape *s, tsr_var **v,
                          tsr_var **out) {
-  if (!strcmp(op, "linear")) return tsr_op_linear(t, v[0], v[1], out);
-  if (!strcmp(op, "embedding")) return tsr_op_embedding(t, v[0], v[1], out);
-  if (!strcmp(op, "rmsnorm")) return tsr_op_rmsnorm(t, v[0], v[1], 1e-5f, out);
-  if (!strcmp(op, "rope")) return tsr_op_rope(t, v[0], 10000.0f, out);
-  if (!strcmp(op, "sdpa") || !strcmp(op, "attention"))
-    return tsr_op_sdpa(t, v[0], v[1], v[2], s->causal, out);
-  if (!strcmp(op, "add")) return tsr_op_add(t, v[0], v[1], out);
-  if (!strcmp(op, "swiglu") || !strcmp(op, "mlp")) return tsr_op_swiglu(t, v[0], v[1], out);
-  if (!strcmp(op, "cross_entropy")) return tsr_op_cross_entropy(t, v[0], v[1], out);
+  if (!strcmp(op, TSR_OP_LINEAR)) return tsr_op_linear(t, v[0], v[1], out);
+  if (!strcmp(op, TSR_OP_EMBEDDING)) return tsr_op_embedding(t, v[0], v[1], out);
+  if (!strcmp(op, TSR_OP_RMSNORM)) return tsr_op_rmsnorm(t, v[0], v[1], 1e-5f, out);
+  if (!strcmp(op, TSR_OP_ROPE)) return tsr_op_rope(t, v[0], 10000.0f, out);
+  if (!strcmp(op, TSR_OP_SDPA)) return tsr_op_sdpa(t, v[0], v[1], v[2], s->causal, out);
+  if (!strcmp(op, TSR_OP_ADD)) return tsr_op_add(t, v[0], v[1], out);
+  if (!strcmp(op, TSR_OP_SWIGLU)) return tsr_op_swiglu(t, v[0], v[1], out);
+  if (!strcmp(op, TSR_OP_CROSS_ENTROPY)) return tsr_op_cross_entropy(t, v[0], v[1], out);
   return TSR_ERROR(TSR_ENOTSUP, "the suite has no generator for op '%s'", op);
 }
 
@@ -143,7 +154,6 @@ typedef struct l2_case {
   const tsr_registry_t *reg;
   const tsr_op_rule *rule;       /* L2_OP */
   const tsr_module_style *style; /* L2_STYLE */
-  bool param_last;               /* L2_STYLE: the op's last input is the module's weight */
   l2_shape s;
   /* results, written by rank 0 */
   bool mismatch;
@@ -213,7 +223,7 @@ static tsr_status forward_backward(tsr_rank_t *r, const tsr_mesh_t *m, const l2_
   for (int i = 0; i < nin; i++) {
     /* a style places the parameter (the last input of linear, embedding, rmsnorm) directly, and
      * moves activations to its input placement with a recorded redistribute */
-    bool param = style && c->param_last && i == nin - 1;
+    bool param = style && i == nin - 1;
     tsr_placement here = style && !param ? tsr_replicate() : pl[i], rep = tsr_replicate();
     /* from Replicate through the registry, so that a plugin's own layout of a placement (a
      * zigzag sequence shard) is what the op sees */
@@ -274,7 +284,7 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
     rep[i] = tsr_replicate();
     if (c->kind == L2_OP)
       pl[i] = c->rule->any_input & (1u << i) ? tsr_replicate() : c->rule->inputs[i];
-    else if (c->param_last && i == nin - 1)
+    else if (i == nin - 1) /* a style's module takes its weight last */
       pl[i] = tsr_module_style_param(c->style, "weight");
     else
       pl[i] = c->style->input;
@@ -393,36 +403,34 @@ cf_result cf_op_rule_test(const cf_plugin *p, const cf_test *t, char *msg, size_
   return cf_over_variants(p, t, t->n, op_body, msg, len);
 }
 
+/* The op that is a style's module, its weight the op's last input; NULL for a style of the
+ * vocabulary the suite has no module for (the test is then NOTSUP). */
 static const char *style_op(const char *style) {
-  static const char *const map[][2] = {{"column_linear", "linear"},
-                                       {"row_linear", "linear"},
-                                       {"kv_linear", "linear"},
-                                       {"embedding", "embedding"},
-                                       {"rmsnorm", "rmsnorm"},
-                                       {"attention", "sdpa"},
-                                       {"mlp", "swiglu"}};
-  const char *op = NULL;
+  static const char *const map[][2] = {{TSR_STYLE_COLUMN_LINEAR, TSR_OP_LINEAR},
+                                       {TSR_STYLE_ROW_LINEAR, TSR_OP_LINEAR},
+                                       {TSR_STYLE_KV_LINEAR, TSR_OP_LINEAR},
+                                       {TSR_STYLE_EMBEDDING, TSR_OP_EMBEDDING},
+                                       {TSR_STYLE_RMSNORM, TSR_OP_RMSNORM}};
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-    if (!strcmp(map[i][0], style)) op = map[i][1];
-  return op;
+    if (!strcmp(map[i][0], style)) return map[i][1];
+  return NULL;
 }
 
 static cf_result style_body(const cf_plugin *p, const cf_test *t, const void *found,
                             const tsr_registry_t *reg, char *msg, size_t len) {
   const cf_item *it = &p->items[t->item];
   const char *op = style_op(it->name);
-  l2_case c = {.kind = L2_STYLE,
-               .dim = it->dim,
-               .op = op,
-               .reg = reg,
-               .style = found,
-               .param_last = strcmp(op, "sdpa") && strcmp(op, "swiglu")};
+  l2_case c = {.kind = L2_STYLE, .dim = it->dim, .op = op, .reg = reg, .style = found};
   return run_shapes(&c, t->n, msg, len);
 }
 
 cf_result cf_style_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   const cf_item *it = &p->items[t->item];
-  if (!style_op(it->name)) return cf_say(msg, len, CF_NOTSUP, "no module for style '%s'", it->name);
+  if (!style_op(it->name))
+    return cf_say(msg, len, CF_NOTSUP,
+                  "style '%s' is not one op's module the suite runs alone (a block style); the "
+                  "model applies it at L3",
+                  it->name);
   return cf_over_variants(p, t, t->n, style_body, msg, len);
 }
 

@@ -8,7 +8,12 @@
  *   BROKEN_BACKWARD  an add rule on dim `bb` whose forward is right and whose backward doubles
  *                    the gradient;
  *   BROKEN_HANG      an rmsnorm rule on dim `bh` whose compute never returns (the suite must
- *                    kill it at the timeout).
+ *                    kill it at the timeout);
+ *   BROKEN_OP        a rule for "conv2d", an op the model never calls: the registry refuses it,
+ *                    so the plugin fails at load and the suite must say so with the registry's
+ *                    message;
+ *   BROKEN_MASK      a cross_entropy rule with use_mask on the logits, which are not a
+ *                    parameter: refused by the registry likewise.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -135,6 +140,29 @@ static tsr_status broken_register(tsr_registry_t *reg, const tsr_plugin_args *ar
                       .grads = {tsr_shard(0), tsr_partial(TSR_REDUCE_SUM)},
                       .compute = hang_forward,
                       .backward = hang_backward};
+  return tsr_registry_add_op_rule(reg, &rule);
+#elif defined(BROKEN_OP)
+  tsr_op_rule rule = {.name = "broken_op.conv2d",
+                      .op = "conv2d", /* not in tsr_op_names() */
+                      .mesh_dim = BROKEN_DIM,
+                      .ninputs = 2,
+                      .inputs = {tsr_shard(0), tsr_replicate()},
+                      .noutputs = 1,
+                      .outputs = {tsr_shard(0)},
+                      .grads = {tsr_shard(0), tsr_partial(TSR_REDUCE_SUM)}};
+  return tsr_registry_add_op_rule(reg, &rule);
+#elif defined(BROKEN_MASK)
+  /* gathers the logits before the loss: only a parameter (a weight) may be gathered by use_mask */
+  tsr_op_rule rule = {.name = "broken_mask.cross_entropy",
+                      .op = TSR_OP_CROSS_ENTROPY,
+                      .mesh_dim = BROKEN_DIM,
+                      .ninputs = 2,
+                      .inputs = {tsr_shard(2), tsr_replicate()},
+                      .noutputs = 1,
+                      .outputs = {tsr_replicate()},
+                      .grads = {tsr_shard(2), tsr_replicate()},
+                      .use_mask = 1u << 0,
+                      .use = {tsr_replicate()}};
   return tsr_registry_add_op_rule(reg, &rule);
 #else
   (void)reg;
