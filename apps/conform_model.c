@@ -4,8 +4,11 @@
  * AdamW) twice through the training loop of `tessera run`: on one rank without plugins, and on a
  * mesh that puts the plugin to work, alone (each of its dims at 2 and 4 ranks) or beside one other
  * in-tree plugin (both dims at 2). The two dumps (logits, loss, every gradient and every parameter
- * after the step) must agree to rtol 1e-4, atol 1e-4. A combination that the plugins' validate
- * refuses, or that finds no sharding rule, is NOTSUP; on its own dims the plugin must run.
+ * after the step) must agree to rtol 1e-4, atol 1e-4, and bytes must have crossed the plugin's
+ * dim in the step (the comm counters of the training log): a dim over which nothing moves ran the
+ * model replicated, which matches the 1-rank run without splitting anything (a data layout the
+ * model never applied). A combination that the plugins' validate refuses, or that finds no
+ * sharding rule, is NOTSUP; on its own dims the plugin must run.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +19,9 @@
 #include "tessera/io.h"
 #include "train.h"
 
-/* One job from text, run with its dump written to `dump`. */
-static tsr_status run_job(const char *text, const char *dump, bool *rejected) {
+/* One job from text, run with its dump written to `dump` and, when `log` is set, its training log
+ * (one JSON object per step) to that file. */
+static tsr_status run_job(const char *text, const char *dump, const char *log, bool *rejected) {
   tsr_app_job job;
   memset(&job, 0, sizeof job);
   tsr_status st = TSR_OK;
@@ -37,10 +41,10 @@ static tsr_status run_job(const char *text, const char *dump, bool *rejected) {
   TSR_CHECK_GOTO(tsr_mesh_init((int)job.cfg->mesh.world, job.cfg->mesh.ndim, job.cfg->mesh.shape,
                                names, &job.mesh),
                  st);
-  FILE *quiet = fopen("/dev/null", "w");
-  tsr_train_opts opts = {0, false, false, 0, quiet ? quiet : stdout};
+  FILE *out = fopen(log ? log : "/dev/null", "w");
+  tsr_train_opts opts = {0, false, log != NULL, 0, out ? out : stdout};
   st = tsr_train_run(&job, &opts);
-  if (quiet) fclose(quiet);
+  if (out) fclose(out);
 cleanup : {
   char keep[4096];
   snprintf(keep, sizeof keep, "%s", tsr_last_error());
@@ -71,7 +75,43 @@ static bool dump_complete(const char *path, int *n) {
   return logits && loss && grad && after;
 }
 
-/* t->arg: "dims|shape|load|combo" with ';' between list entries. */
+/* The communication of the last step in a JSON training log: its "comm" value, "label size
+ * unit, ..." with one label per group (a mesh dim, or dims joined by '+'). "" when none. */
+static void last_comm(const char *log, char *out, size_t len) {
+  out[0] = '\0';
+  FILE *f = fopen(log, "r");
+  if (!f) return;
+  char line[4096];
+  while (fgets(line, sizeof line, f)) {
+    const char *c = strstr(line, "\"comm\": \"");
+    if (!c) continue;
+    c += strlen("\"comm\": \"");
+    snprintf(out, len, "%.*s", (int)strcspn(c, "\""), c);
+  }
+  fclose(f);
+}
+
+/* Bytes that crossed mesh dim `dim` by `comm` (last_comm): its own group's and those of groups
+ * over it and other dims. */
+static double dim_bytes(const char *comm, const char *dim) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  char buf[2048];
+  double total = 0;
+  snprintf(buf, sizeof buf, "%s", comm);
+  for (char *s = NULL, *e = strtok_r(buf, ",", &s); e; e = strtok_r(NULL, ",", &s)) {
+    char label[256], unit[16];
+    double v;
+    if (sscanf(e, " %255s %lf %15s", label, &v, unit) != 3) continue;
+    bool over = false;
+    for (char *s2 = NULL, *d = strtok_r(label, "+", &s2); d; d = strtok_r(NULL, "+", &s2))
+      over |= !strcmp(d, dim);
+    for (int u = 0; over && u < 5; u++, v *= 1024)
+      if (!strcmp(unit, units[u])) total += v;
+  }
+  return total;
+}
+
+/* t->arg: "dims|shape|load|combo" with ';' between list entries; the first dim is the plugin's. */
 static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   if (!p->loaded) return cf_say(msg, len, CF_FAIL, "does not load: %s", p->load_msg);
   char arg[128], *save = NULL;
@@ -90,9 +130,10 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
     if (*c == ';') *c = ',';
   bool combination = combo && !strcmp(combo, "combo");
   /* in the test's own directory, which the driver removes even if this child is killed */
-  char ref[TSR_MAX_PATH + 16], got[TSR_MAX_PATH + 16];
+  char ref[TSR_MAX_PATH + 16], got[TSR_MAX_PATH + 16], log[TSR_MAX_PATH + 16];
   snprintf(ref, sizeof ref, "%s/ref.safetensors", cf_tmpdir);
   snprintf(got, sizeof got, "%s/got.safetensors", cf_tmpdir);
+  snprintf(log, sizeof log, "%s/got.log", cf_tmpdir);
   static char text[8192];
   char extra[512] = "";
   int model;
@@ -100,12 +141,12 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
   cf_result res = CF_PASS;
   bool rejected;
   cf_job_text(text, sizeof text, 0, NULL, NULL, "", 2, "train", "");
-  if (run_job(text, ref, &rejected) != TSR_OK) {
+  if (run_job(text, ref, NULL, &rejected) != TSR_OK) {
     res = cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run failed: %s", tsr_last_error());
     goto done;
   }
   cf_job_text(text, sizeof text, nd, dims, shape, load, 2, "train", extra);
-  tsr_status st = run_job(text, got, &rejected);
+  tsr_status st = run_job(text, got, log, &rejected);
   if (st != TSR_OK) {
     /* beside other plugins, or with its keys changed, a refusal is a claim not made */
     bool unclaimed = (rejected || st == TSR_ENOTSUP) && (combination || t->item > 0);
@@ -127,19 +168,27 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
     goto done;
   }
   report[strcspn(report, "\n")] = '\0';
+  char comm[1024];
+  last_comm(log, comm, sizeof comm);
   if (nbad)
     res = cf_say(msg, len, CF_FAIL,
                  "%d tensors differ from the 1-rank run (rtol 1e-4, atol "
                  "1e-4); first: %s",
                  nbad, report);
+  else if (!(dim_bytes(comm, dims[0]) > 0))
+    res = cf_say(msg, len, CF_FAIL,
+                 "the step matches the 1-rank run on %d ranks, but no bytes crossed %s (comm: "
+                 "%s): the model ran replicated on it, so the plugin split nothing over its dim",
+                 world, dims[0], comm[0] ? comm : "none");
   else
     res = cf_say(msg, len, CF_PASS,
                  "%d tensors (logits, loss, gradients, updated parameters) match the 1-rank run "
-                 "on %d ranks",
-                 nref, world);
+                 "on %d ranks; comm %s",
+                 nref, world, comm);
 done:
   unlink(ref);
   unlink(got);
+  unlink(log);
   return res;
 }
 
