@@ -47,8 +47,9 @@ static tsr_status file_error(const tsr_config *c, const job_file *f, const char 
  * refused by its type first, and O_NONBLOCK covers a file swapped for one in between. */
 static tsr_status check_input(const tsr_config *c, job_file *f) {
   if (stat(f->path, &f->sb) != 0)
-    return file_error(c, f, ": cannot open: %s; check the path (relative paths start at the job "
-                            "file's directory)",
+    return file_error(c, f,
+                      ": cannot open: %s; check the path (relative paths start at the job "
+                      "file's directory)",
                       strerror(errno));
   f->exists = true;
   if (!S_ISREG(f->sb.st_mode))
@@ -106,8 +107,8 @@ static void label(char *buf, size_t len, const job_file *f) {
 
 /* Appends a file set by [section] key: `value` resolved against the job file's directory, or
  * `resolved` as it is. */
-static void add(const tsr_config *c, job_file *files, int *n, const char *section,
-                const char *key, const char *what, const char *value, const char *resolved) {
+static void add(const tsr_config *c, job_file *files, int *n, const char *section, const char *key,
+                const char *what, const char *value, const char *resolved) {
   job_file *f = &files[(*n)++];
   memset(f, 0, sizeof *f);
   f->section = section;

@@ -62,10 +62,47 @@ static char *current_dir(void) {
   return NULL;
 }
 
+/* plugins.path=DIR[:DIR...] (':' or ',' between entries): each relative DIR taken from the
+ * current directory, as for the other path keys, instead of from the job file's directory. */
+static char *absolute_dirs(const char *assignment) {
+  const char *val = assignment + 13;
+  char *cwd = current_dir();
+  if (!cwd) {
+    fprintf(stderr,
+            "tessera run: --set %s: cannot read the current directory to resolve relative "
+            "entries: %s; give absolute paths\n",
+            assignment, strerror(errno));
+    return NULL;
+  }
+  size_t entries = 1;
+  for (const char *p = val; *p; p++) entries += *p == ':' || *p == ',';
+  size_t len = strlen(assignment) + entries * (strlen(cwd) + 1) + 1;
+  char *out = malloc(len);
+  if (!out) {
+    free(cwd);
+    fprintf(stderr, "tessera run: out of memory\n");
+    return NULL;
+  }
+  size_t o = (size_t)snprintf(out, len, "plugins.path=");
+  for (const char *b = val;;) {
+    size_t n = strcspn(b, ":,");
+    const char *sep = b[n] ? (b[n] == ':' ? ":" : ",") : "";
+    if (n == 0 || b[0] == '/')
+      o += (size_t)snprintf(out + o, len - o, "%.*s%s", (int)n, b, sep);
+    else
+      o += (size_t)snprintf(out + o, len - o, "%s/%.*s%s", cwd, (int)n, b, sep);
+    if (!b[n]) break;
+    b += n + 1;
+  }
+  free(cwd);
+  return out;
+}
+
 /* A path typed on the command line is relative to the current directory, while the job file's
  * own paths are relative to the job file: make it absolute so the two cannot be confused. NULL,
  * with the reason on stderr, when that cannot be done: the override is never dropped or cut. */
 static char *absolute_set(const char *assignment) {
+  if (!strncmp(assignment, "plugins.path=", 13)) return absolute_dirs(assignment);
   const char *eq = strchr(assignment, '=');
   const char *val = eq ? eq + 1 : assignment;
   const char *colon = strncmp(assignment, "data.source=", 12) ? NULL : strchr(val, ':');
@@ -74,8 +111,9 @@ static char *absolute_set(const char *assignment) {
               (!colon && !strncmp(assignment, "data.source=", 12));
   char *cwd = keep ? NULL : current_dir();
   if (!keep && !cwd) {
-    fprintf(stderr, "tessera run: --set %s: cannot read the current directory to resolve the "
-                    "relative path: %s; give an absolute path\n",
+    fprintf(stderr,
+            "tessera run: --set %s: cannot read the current directory to resolve the "
+            "relative path: %s; give an absolute path\n",
             assignment, strerror(errno));
     return NULL;
   }
@@ -160,6 +198,7 @@ int tsr_cmd_run(int argc, char **argv) {
   FILE *quiet = tsr_mpi_env_rank() > 0 ? fopen("/dev/null", "w") : NULL;
   if (quiet) opts.out = quiet, opts.progress = false;
   tsr_app_job job;
+  char where[TSR_MAX_PATH + 160];
   memset(&job, 0, sizeof job);
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_app_job_open(path, nset, (const char *const *)sets, &job);
@@ -170,22 +209,22 @@ int tsr_cmd_run(int argc, char **argv) {
   if (code == TSR_EXIT_OK && strcmp(job.cfg->job.backend, "local") &&
       !(mpi && tsr_mpi_loader_built()) && !(nccl && tsr_nccl_loader_built())) {
     fprintf(stderr,
-            "%s:%d: [job] backend: backend '%s' is not built in this tessera; only %s. "
+            "%s: backend '%s' is not built in this tessera; only %s. "
             "Use backend = local (ranks as threads of one process) for now\n",
-            job.cfg->path, tsr_config_line(job.cfg, "job", "backend"), job.cfg->job.backend,
+            tsr_config_where(job.cfg, "job", "backend", where, sizeof where), job.cfg->job.backend,
             tsr_mpi_loader_built() ? "'local' and 'mpi' are" : "'local' is");
     code = TSR_EXIT_RUNTIME;
   }
   if (code == TSR_EXIT_OK && nccl && job.cfg->job.device != TSR_DEVICE_CUDA) {
     fprintf(stderr,
-            "%s:%d: [job] backend: nccl moves GPU memory; use it with device = cuda, or "
+            "%s: nccl moves GPU memory; use it with device = cuda, or "
             "backend = mpi for processes on the CPU\n",
-            job.cfg->path, tsr_config_line(job.cfg, "job", "backend"));
+            tsr_config_where(job.cfg, "job", "backend", where, sizeof where));
     code = TSR_EXIT_RUNTIME;
   }
   if (code == TSR_EXIT_OK && tsr_device_check((tsr_device){job.cfg->job.device, 0}) != TSR_OK) {
-    fprintf(stderr, "%s:%d: [job] device: %s\n", job.cfg->path,
-            tsr_config_line(job.cfg, "job", "device"), tsr_last_error());
+    fprintf(stderr, "%s: %s\n", tsr_config_where(job.cfg, "job", "device", where, sizeof where),
+            tsr_last_error());
     code = TSR_EXIT_RUNTIME;
   }
   if (code == TSR_EXIT_OK) {

@@ -192,7 +192,7 @@ static tsr_status report_mem(tsr_train_rank *t, tsr_group_t *all, const tsr_trai
 static tsr_status open_data(tsr_train_rank *t, tsr_data_t **data) {
   const tsr_config *c = t->job->cfg;
   /* the kind (at most a value long), ':' and the resolved path: nothing is cut */
-  char src[TSR_TRAIN_PATH_LEN + TSR_MAX_VALUE], path[TSR_TRAIN_PATH_LEN];
+  char src[TSR_TRAIN_PATH_LEN + TSR_MAX_VALUE], path[TSR_TRAIN_PATH_LEN], where[TSR_MAX_PATH + 160];
   const char *colon = strchr(c->data.source, ':');
   if (colon)
     snprintf(src, sizeof src, "%.*s:%s", (int)(colon - c->data.source), c->data.source,
@@ -202,8 +202,7 @@ static tsr_status open_data(tsr_train_rank *t, tsr_data_t **data) {
   tsr_status st = tsr_data_open(src, (int)c->model.vocab_size, (int)c->data.batch_size,
                                 (int)c->data.seq_len, (uint64_t)c->job.seed, data);
   if (st != TSR_OK)
-    return tsr_error_prefix(st, "%s:%d: [data] source", c->path,
-                            tsr_config_line(c, "data", "source"));
+    return tsr_error_prefix(st, "%s", tsr_config_where(c, "data", "source", where, sizeof where));
   return TSR_OK;
 }
 

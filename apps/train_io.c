@@ -61,7 +61,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   const tsr_config *cfg = t->job->cfg;
   *resumed = false;
   if (!cfg->checkpoint.load[0]) return TSR_OK;
-  char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16];
+  char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16], where[TSR_MAX_PATH + 160];
   tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
   tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;
   char *model_file = NULL;
@@ -80,8 +80,8 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   if (has_optim) {
     st = tsr_checkpoint_pair(path, optim, &model_file);
     if (st != TSR_OK) {
-      st = tsr_error_prefix(st, "%s:%d: [checkpoint] load", cfg->path,
-                            tsr_config_line(cfg, "checkpoint", "load"));
+      st = tsr_error_prefix(st, "%s",
+                            tsr_config_where(cfg, "checkpoint", "load", where, sizeof where));
       goto cleanup;
     }
     if (strcmp(model_file, path) && tsr_rank_id(t->r) == 0)
@@ -91,11 +91,10 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
               optim, path, model_file);
   }
   TSR_CHECK_GOTO(alloc_full(t, &full), st);
-  st = tsr_checkpoint_load_model(model_file ? model_file : path, t->nparams, t->names, full,
-                                 &opts);
+  st = tsr_checkpoint_load_model(model_file ? model_file : path, t->nparams, t->names, full, &opts);
   if (st != TSR_OK) {
-    st = tsr_error_prefix(st, "%s:%d: [checkpoint] load", cfg->path,
-                          tsr_config_line(cfg, "checkpoint", "load"));
+    st = tsr_error_prefix(st, "%s",
+                          tsr_config_where(cfg, "checkpoint", "load", where, sizeof where));
     goto cleanup;
   }
   for (int i = 0; i < t->nparams; i++)
@@ -112,9 +111,9 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   st = tsr_checkpoint_load_optim(optim, t->nparams, t->names, ea, eas, &step);
   if (st != TSR_OK) {
     st = tsr_error_prefix(st,
-                          "%s:%d: [checkpoint] load: optimizer state beside the model file (remove "
-                          "it to start the optimizer afresh)",
-                          cfg->path, tsr_config_line(cfg, "checkpoint", "load"));
+                          "%s: optimizer state beside the model file (remove it to start the "
+                          "optimizer afresh)",
+                          tsr_config_where(cfg, "checkpoint", "load", where, sizeof where));
     goto cleanup;
   }
   for (int i = 0; i < t->nparams; i++) {
@@ -186,14 +185,14 @@ tsr_status tsr_train_save_checkpoint(tsr_train_rank *t) {
   TSR_CHECK_GOTO(gather_all(t, 1, &ea), st);
   TSR_CHECK_GOTO(gather_all(t, 2, &eas), st);
   if (tsr_rank_id(t->r) == 0) {
-    char path[TSR_TRAIN_PATH_LEN];
+    char path[TSR_TRAIN_PATH_LEN], where[TSR_MAX_PATH + 160];
     tsr_train_path(cfg, cfg->checkpoint.save, path, sizeof path);
     st = tsr_checkpoint_save(path, NULL, t->nparams, t->names, (const tsr_tensor *const *)p,
                              (const tsr_tensor *const *)ea, (const tsr_tensor *const *)eas,
                              tsr_adamw_get_step(t->opt));
     if (st != TSR_OK)
-      st = tsr_error_prefix(st, "%s:%d: [checkpoint] save", cfg->path,
-                            tsr_config_line(cfg, "checkpoint", "save"));
+      st = tsr_error_prefix(st, "%s",
+                            tsr_config_where(cfg, "checkpoint", "save", where, sizeof where));
   }
 cleanup:
   free_full(p, t->nparams);
@@ -263,13 +262,12 @@ tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *
 tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d) {
   const tsr_config *cfg = t->job->cfg;
   if (tsr_rank_id(t->r) != 0 || !cfg->output.dump[0]) return TSR_OK;
-  char path[TSR_TRAIN_PATH_LEN];
+  char path[TSR_TRAIN_PATH_LEN], where[TSR_MAX_PATH + 160];
   tsr_train_path(cfg, cfg->output.dump, path, sizeof path);
   tsr_status st = tsr_dump_save(path, d->n, (const char *const *)d->names,
                                 (const tsr_tensor *const *)d->tensors);
   if (st != TSR_OK)
-    return tsr_error_prefix(st, "%s:%d: [output] dump", cfg->path,
-                            tsr_config_line(cfg, "output", "dump"));
+    return tsr_error_prefix(st, "%s", tsr_config_where(cfg, "output", "dump", where, sizeof where));
   return TSR_OK;
 }
 

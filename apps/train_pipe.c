@@ -171,7 +171,8 @@ void tsr_train_pipe_print_plan(const tsr_app_job *job, FILE *f) {
     for (int i = 0; i < n; i++) fprintf(f, " %d", counts[i]);
     fprintf(f, "\n");
   }
-  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, stage_dim(job)), spr > 1 ? spr : 1, mb, f);
+  tsr_pipe_print_timeline(sched, tsr_mesh_size_of(job->mesh, stage_dim(job)), spr > 1 ? spr : 1, mb,
+                          f);
 }
 
 static const char *kind_name(int kind) {
@@ -241,7 +242,7 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
     /* built in memory, then written as every output is: a temporary beside the path, renamed
      * over it, so that a symlink there is replaced rather than followed and a failed write
      * leaves the old file */
-    char path[TSR_TRAIN_PATH_LEN], *text = NULL;
+    char path[TSR_TRAIN_PATH_LEN], *text = NULL, where[TSR_MAX_PATH + 160];
     size_t len = 0;
     tsr_train_path(c, c->output.trace, path, sizeof path);
     FILE *f = open_memstream(&text, &len);
@@ -281,8 +282,7 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
     st = tsr_file_write_atomic(path, text, len);
     free(text);
     if (st != TSR_OK)
-      st = tsr_error_prefix(st, "%s:%d: [output] trace", c->path,
-                            tsr_config_line(c, "output", "trace"));
+      st = tsr_error_prefix(st, "%s", tsr_config_where(c, "output", "trace", where, sizeof where));
   }
 cleanup:
   free(counts);

@@ -170,9 +170,9 @@ tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, i
     otensors[n + i] = exp_avg_sq[i];
   }
   char id[32];
-  TSR_CHECK_GOTO(checkpoint_id(step, n, names, params, (const char *const *)onames, otensors, id,
-                               sizeof id),
-                 s);
+  TSR_CHECK_GOTO(
+      checkpoint_id(step, n, names, params, (const char *const *)onames, otensors, id, sizeof id),
+      s);
   mvals[2] = id;
   const char *okeys[3] = {"format", "step", "checkpoint"},
              *ovals[3] = {TSR_CHECKPOINT_OPTIM_FORMAT, step_str, id};

@@ -74,6 +74,34 @@ static void add_where(tsr_config *cfg, const char *section, const char *key, int
   cfg->nentries++;
 }
 
+static int raw_line(const tsr_config *cfg, const char *section, const char *key);
+
+/* Most ranks a job may have: [mesh] shape's product and [job] world_size alike. */
+#define MAX_WORLD 1048576
+
+/* The product of [mesh] shape, or -1 above MAX_WORLD: sizes go up to 1024 over up to
+ * TSR_MAX_MESH_DIMS dims, whose product would overflow int64 if taken whole. */
+static int64_t mesh_product(const tsr_config *cfg) {
+  int64_t world = 1;
+  for (int i = 0; i < cfg->mesh.nshape; i++) {
+    if (cfg->mesh.shape[i] > 0 && world > MAX_WORLD / cfg->mesh.shape[i]) return -1;
+    world *= cfg->mesh.shape[i];
+  }
+  return world;
+}
+
+/* The line of a key a --set gave: messages say "--set section.key" instead of a file line. */
+#define SET_LINE (-1)
+
+static void mark_set(tsr_config *cfg, const char *section, const char *key) {
+  for (int i = 0; i < cfg->nentries; i++)
+    if (!strcmp(cfg->where[i].section, section) && !strcmp(cfg->where[i].key, key)) {
+      cfg->where[i].line = SET_LINE;
+      return;
+    }
+  add_where(cfg, section, key, SET_LINE);
+}
+
 static tsr_config_section *find_strategy(tsr_config *cfg, const char *name) {
   for (int i = 0; i < cfg->nstrategy; i++)
     if (!strcmp(cfg->strategy[i].name, name)) return &cfg->strategy[i];
@@ -304,12 +332,12 @@ static void cross_check(parse_state *ps) {
     add_error(ps, sl, "[mesh] shape: %d entr%s but dims (line %d) has %d; give one size per dim",
               cfg->mesh.nshape, cfg->mesh.nshape == 1 ? "y" : "ies", dl, cfg->mesh.ndim);
   } else {
-    int64_t world = 1;
-    for (int i = 0; i < cfg->mesh.ndim; i++) world *= cfg->mesh.shape[i];
-    cfg->mesh.world = world;
-    if (world > 1048576)
-      add_error(ps, sl, "[mesh] shape: product %lld exceeds 1048576 ranks", (long long)world);
-    if (cfg->job.world_size != 0 && cfg->job.world_size != world)
+    int64_t world = mesh_product(cfg);
+    cfg->mesh.world = world < 0 ? 0 : world;
+    if (world < 0)
+      add_error(ps, sl, "[mesh] shape: the product exceeds %d ranks; use fewer or smaller dims",
+                MAX_WORLD);
+    else if (cfg->job.world_size != 0 && cfg->job.world_size != world)
       add_error(ps, sl,
                 "[mesh] shape: product %lld differs from [job] world_size = %lld (line %d); "
                 "make them agree or set world_size = 0",
@@ -495,7 +523,7 @@ static tsr_status set_strategy_key(tsr_config *cfg, const char *assignment) {
     e = &sec->entries[sec->n++];
     snprintf(e->key, sizeof e->key, "%s", key);
   }
-  e->line = 0; /* from the command line: a message must not point at the file's old line */
+  e->line = SET_LINE; /* from the command line: a message must not point at the file's old line */
   snprintf(e->value, sizeof e->value, "%s", eq + 1);
   return TSR_OK;
 }
@@ -531,18 +559,19 @@ tsr_status tsr_config_set(tsr_config *cfg, const char *assignment) {
                      TSR_MAX_VALUE - 1);
   tsr_status st = tsr_key_check(&e->key.spec, value);
   if (st == TSR_OK) st = tsr_schema_store(e, value, cfg);
-  if (st != TSR_OK) return tsr_error_prefix(st, "--set [%s] %s", section, key);
+  if (st != TSR_OK) return tsr_error_prefix(st, "--set %s.%s", section, key);
+  mark_set(cfg, section, key);
   if (!strcmp(section, "mesh")) {
     /* dims and shape may be set one after the other: a count mismatch between them is only an
-     * error if it remains when every --set is applied (world = 0 until then). */
-    int64_t world = cfg->mesh.ndim == cfg->mesh.nshape ? 1 : 0;
-    for (int i = 0; world && i < cfg->mesh.nshape; i++) world *= cfg->mesh.shape[i];
-    cfg->mesh.world = world;
-    if (cfg->job.world_size != 0 && world && cfg->job.world_size != world)
+     * error if it remains when every --set is applied (world = 0 until then); the checks that
+     * need both are in tsr_config_check_sets */
+    int64_t world = cfg->mesh.ndim == cfg->mesh.nshape ? mesh_product(cfg) : 0;
+    if (world < 0)
       return tsr_error(TSR_EINVAL,
-                       "--set [mesh] %s: shape product %lld differs from [job] world_size = %lld; "
-                       "also --set job.world_size=0 (or the same product)",
-                       key, (long long)world, (long long)cfg->job.world_size);
+                       "--set mesh.%s: the shape's product exceeds %d ranks; use fewer or "
+                       "smaller dims",
+                       key, MAX_WORLD);
+    cfg->mesh.world = world;
   }
   return TSR_OK;
 }
@@ -553,6 +582,21 @@ tsr_status tsr_config_check_sets(const tsr_config *cfg) {
                      "--set: [mesh] dims names %d dims but shape gives %d sizes; set both, e.g. "
                      "--set mesh.dims=dp,tp --set mesh.shape=2,2",
                      cfg->mesh.ndim, cfg->mesh.nshape);
+  /* what the file's cross-checks say of the world, again after the overrides: whichever of
+   * shape and world_size a --set changed is the key named */
+  int64_t world = mesh_product(cfg);
+  if (world < 0)
+    return tsr_config_error(cfg, TSR_EINVAL, "mesh", "shape",
+                            "the product exceeds %d ranks; use fewer or smaller dims", MAX_WORLD);
+  if (cfg->job.world_size != 0 && cfg->job.world_size != world) {
+    bool by_set = raw_line(cfg, "job", "world_size") == SET_LINE ||
+                  raw_line(cfg, "mesh", "shape") != SET_LINE;
+    return tsr_config_error(cfg, TSR_EINVAL, by_set ? "job" : "mesh",
+                            by_set ? "world_size" : "shape",
+                            "[job] world_size = %lld but [mesh] shape's product is %lld; make "
+                            "them agree, or set world_size = 0",
+                            (long long)cfg->job.world_size, (long long)world);
+  }
   for (int i = 0; i < cfg->nstrategy; i++)
     if (!plugin_listed(cfg, cfg->strategy[i].name))
       return tsr_error(TSR_EINVAL,
@@ -562,7 +606,8 @@ tsr_status tsr_config_check_sets(const tsr_config *cfg) {
   return TSR_OK;
 }
 
-int tsr_config_line(const tsr_config *cfg, const char *section, const char *key) {
+/* The raw line of a key: > 0 in the file, SET_LINE when a --set gave it, 0 when neither did. */
+static int raw_line(const tsr_config *cfg, const char *section, const char *key) {
   if (!strncmp(section, "strategy.", 9) && key) {
     const tsr_config_section *s = tsr_config_strategy(cfg, section + 9);
     for (int i = 0; s && i < s->n; i++)
@@ -572,6 +617,25 @@ int tsr_config_line(const tsr_config *cfg, const char *section, const char *key)
   return where_line(cfg, section, key);
 }
 
+int tsr_config_line(const tsr_config *cfg, const char *section, const char *key) {
+  int line = raw_line(cfg, section, key);
+  return line > 0 ? line : 0;
+}
+
+const char *tsr_config_where(const tsr_config *cfg, const char *section, const char *key, char *buf,
+                             size_t len) {
+  int line = key ? raw_line(cfg, section, key) : 0;
+  if (line == SET_LINE)
+    snprintf(buf, len, "--set %s.%s", section, key);
+  else if (line > 0)
+    snprintf(buf, len, "%s:%d: [%s] %s", cfg->path, line, section, key);
+  else if (key)
+    snprintf(buf, len, "%s: [%s] %s", cfg->path, section, key);
+  else
+    snprintf(buf, len, "%s: [%s]", cfg->path, section);
+  return buf;
+}
+
 tsr_status tsr_config_error(const tsr_config *cfg, tsr_status s, const char *section,
                             const char *key, const char *fmt, ...) {
   char msg[1536];
@@ -579,7 +643,9 @@ tsr_status tsr_config_error(const tsr_config *cfg, tsr_status s, const char *sec
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  int line = key ? tsr_config_line(cfg, section, key) : 0;
+  int line = key ? raw_line(cfg, section, key) : 0;
+  /* an override is reported as what was typed, not at the line it replaced */
+  if (line == SET_LINE) return tsr_error(s, "--set %s.%s: %s", section, key, msg);
   if (!line) line = tsr_config_line(cfg, section, NULL);
   char loc[TSR_MAX_PATH + 16];
   if (line)

@@ -82,8 +82,9 @@ static tsr_status map_file(tsr_data_t *d, size_t esize) {
   tsr_status s = TSR_OK;
   struct stat sb;
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    s = TSR_ERROR(TSR_EIO, "data file %s: not a regular file (a directory, FIFO or device); give "
-                           "a file of tokens",
+    s = TSR_ERROR(TSR_EIO,
+                  "data file %s: not a regular file (a directory, FIFO or device); give "
+                  "a file of tokens",
                   d->path);
     goto cleanup;
   }

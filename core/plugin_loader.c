@@ -517,6 +517,7 @@ static tsr_status check_set(const tsr_config *cfg, tsr_plugin_set_t *set) {
 }
 
 tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t **out) {
+  char where[TSR_MAX_PATH + 160];
   tsr_status st = TSR_OK;
   tsr_plugin_set_t *set = calloc(1, sizeof *set);
   *out = NULL;
@@ -539,8 +540,9 @@ tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_p
     if (s != TSR_OK) {
       st = s;
       if (o < sizeof all)
-        o += (size_t)snprintf(all + o, sizeof all - o, "%s%s:%d: [plugins] load: %s", o ? "\n" : "",
-                              cfg->path, tsr_config_line(cfg, "plugins", "load"), p->rep.message);
+        o += (size_t)snprintf(all + o, sizeof all - o, "%s%s: %s", o ? "\n" : "",
+                              tsr_config_where(cfg, "plugins", "load", where, sizeof where),
+                              p->rep.message);
     }
   }
   if (st != TSR_OK) {

@@ -181,8 +181,9 @@ static tsr_status create_temp(const char *path, char **tmp_out, int *fd_out) {
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0) {
       if (keep_mode && fchmod(fd, old.st_mode & 07777) != 0) {
-        tsr_status s = TSR_ERROR(TSR_EIO, "%s: cannot give %s the mode %04o of the file it "
-                                          "replaces: %s",
+        tsr_status s = TSR_ERROR(TSR_EIO,
+                                 "%s: cannot give %s the mode %04o of the file it "
+                                 "replaces: %s",
                                  path, tmp, (unsigned)(old.st_mode & 07777), strerror(errno));
         close(fd);
         unlink(tmp);

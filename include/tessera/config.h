@@ -181,10 +181,17 @@ TSR_API tsr_status tsr_config_check_sets(const tsr_config *cfg);
 TSR_API tsr_status tsr_config_check_world(const tsr_config *cfg, int world);
 
 /* Line where `key` of `section` was set (section "strategy.tp" for plugin sections, key NULL for
- * the section header), or 0 when the file did not set it. */
+ * the section header), or 0 when the file did not set it or a --set replaced it. */
 TSR_API int tsr_config_line(const tsr_config *cfg, const char *section, const char *key);
 
-/* Records "file:line: [section] key: <message>" as the last error and returns `s`. Plugins use
+/* Where the value of `key` of `section` comes from, for messages, into buf (returned):
+ * "job.ini:12: [section] key" when the file set it, "--set section.key" when a command-line
+ * override did (tsr_config_set), "job.ini: [section] key" for a default. */
+TSR_API const char *tsr_config_where(const tsr_config *cfg, const char *section, const char *key,
+                                     char *buf, size_t len);
+
+/* Records "file:line: [section] key: <message>" (or "--set section.key: <message>" for a key a
+ * command-line override set) as the last error and returns `s`. Plugins use
  * it for their own cross-checks (heads % tp, ...) so that they read like the core's. */
 TSR_API tsr_status tsr_config_error(const tsr_config *cfg, tsr_status s, const char *section,
                                     const char *key, const char *fmt, ...)

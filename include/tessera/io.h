@@ -88,8 +88,8 @@ TSR_API const char *tsr_safetensors_meta_key(const tsr_safetensors_t *st, int i)
  * `path.tmp.<pid>.<random>` beside `path`, is synced, and is renamed over `path` (a symlink at
  * `path` is replaced, never followed). On failure the temporary file is removed and an existing
  * `path` is left as it was. A replaced file keeps its mode; a new one gets 0666 less the umask.
- * After the rename, temporaries of `path` left by writers no longer running are removed. The header is padded with
- * spaces to a multiple of 8 bytes so that the data buffer starts aligned. */
+ * After the rename, temporaries of `path` left by writers no longer running are removed. The header
+ * is padded with spaces to a multiple of 8 bytes so that the data buffer starts aligned. */
 TSR_API tsr_status tsr_safetensors_save(const char *path, int n, const char *const *names,
                                         const tsr_tensor *const *tensors, int nmeta,
                                         const char *const *meta_keys,

@@ -22,7 +22,7 @@ if [ "$code" != 2 ]; then
   echo "ckpt pair: a mixed pair gave exit $code, not 2"
   exit 1
 fi
-grep -q "resume.ini:[0-9]*: \[checkpoint\] load: .*mixed.safetensors (step 2, .*mixed.optim.safetensors (step 4, .*not one checkpoint" \
+grep -q -- "--set checkpoint.load: .*mixed.safetensors (step 2, .*mixed.optim.safetensors (step 4, .*not one checkpoint" \
   "$dir/mixed.log" || { cat "$dir/mixed.log"; echo "ckpt pair: message"; exit 1; }
 
 # a writer that is gone: a reaped child's pid

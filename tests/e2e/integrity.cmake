@@ -45,3 +45,10 @@ add_test(NAME e2e_long_paths
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/long_paths.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
           ${E2E_OUT}/long_paths)
 set_tests_properties(e2e_long_paths PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "long paths: ok")
+
+# --set gets the file's checks (world size, mesh product without overflow), is reported as
+# "--set SECTION.KEY", and takes [plugins] path entries from the current directory.
+add_test(NAME e2e_set_checks
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/set_checks.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
+          ${E2E_OUT}/set_checks)
+set_tests_properties(e2e_set_checks PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "set checks: ok")

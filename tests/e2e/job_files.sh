@@ -26,31 +26,31 @@ ln "$dir/data.txt" "$dir/data_link.txt"
 mkfifo "$dir/fifo"
 
 # outputs: a missing directory, a directory, a FIFO
-expect 2 "\[checkpoint\] save: /nonexistent/x.safetensors: its directory /nonexistent does not exist" \
+expect 2 "--set checkpoint.save: /nonexistent/x.safetensors: its directory /nonexistent does not exist" \
   run --set job.steps=3000 --set checkpoint.save=/nonexistent/x.safetensors
-expect 2 "\[checkpoint\] save: .*/sub is a directory" run --set checkpoint.save="$dir/sub"
-expect 2 "\[output\] dump: .*/sub is a directory" run --set output.dump="$dir/sub"
-expect 2 "\[output\] trace: .*/nonexistent/t.json: its directory .* does not exist" \
+expect 2 "--set checkpoint.save: .*/sub is a directory" run --set checkpoint.save="$dir/sub"
+expect 2 "--set output.dump: .*/sub is a directory" run --set output.dump="$dir/sub"
+expect 2 "--set output.trace: .*/nonexistent/t.json: its directory .* does not exist" \
   run --set output.trace="$dir/nonexistent/t.json"
-expect 2 "\[output\] dump: .*/fifo is a FIFO" run --set output.dump="$dir/fifo"
+expect 2 "--set output.dump: .*/fifo is a FIFO" run --set output.dump="$dir/fifo"
 # the optimizer file beside the save path counts as an output too
 mkdir "$dir/c.optim.safetensors"
-expect 2 "\[checkpoint\] save: the optimizer file .*/c.optim.safetensors is a directory" \
+expect 2 "--set checkpoint.save: the optimizer file .*/c.optim.safetensors is a directory" \
   run --set checkpoint.save="$dir/c.safetensors"
 # inputs: missing, a directory, a FIFO (which must not hang)
-expect 2 "\[data\] source: .*/missing.bin: cannot open" run --set data.source="tokens:$dir/missing.bin"
-expect 2 "\[data\] source: .*/sub is a directory" run --set data.source="text:$dir/sub"
-expect 2 "\[data\] source: .*/fifo is a FIFO" timeout 10 "$bin" run "$job" --set data.source="text:$dir/fifo"
-expect 2 "\[checkpoint\] load: .*/fifo is a FIFO" timeout 10 "$bin" run "$job" --set checkpoint.load="$dir/fifo"
+expect 2 "--set data.source: .*/missing.bin: cannot open" run --set data.source="tokens:$dir/missing.bin"
+expect 2 "--set data.source: .*/sub is a directory" run --set data.source="text:$dir/sub"
+expect 2 "--set data.source: .*/fifo is a FIFO" timeout 10 "$bin" run "$job" --set data.source="text:$dir/fifo"
+expect 2 "--set checkpoint.load: .*/fifo is a FIFO" timeout 10 "$bin" run "$job" --set checkpoint.load="$dir/fifo"
 # an output that is an input: by name, by a hard link, the job file
-expect 2 "\[checkpoint\] save: .*/data.txt is the same file as \[data\] source" \
+expect 2 "--set checkpoint.save: .*/data.txt is the same file as \[data\] source" \
   run --set data.source="text:$dir/data.txt" --set checkpoint.save="$dir/data.txt"
-expect 2 "\[output\] dump: .*/data_link.txt is the same file as \[data\] source (.*/data.txt)" \
+expect 2 "--set output.dump: .*/data_link.txt is the same file as \[data\] source (.*/data.txt)" \
   run --set data.source="text:$dir/data.txt" --set output.dump="$dir/data_link.txt"
-expect 2 "\[checkpoint\] save: .*/job.ini is the same file as the job file" \
+expect 2 "--set checkpoint.save: .*/job.ini is the same file as the job file" \
   "$bin" run "$dir/job.ini" --no-peak --set checkpoint.save="$dir/job.ini"
 # two outputs on one path
-expect 2 "\[output\] dump: .*/o.safetensors is also \[checkpoint\] save" \
+expect 2 "--set output.dump: .*/o.safetensors is also \[checkpoint\] save" \
   run --set checkpoint.save="$dir/o.safetensors" --set output.dump="$dir/o.safetensors"
 # plan refuses what run refuses
 sed "s|^source = .*|source = tokens:missing.bin|" "$job" >"$dir/plan_data.ini"
@@ -59,7 +59,7 @@ printf '\n[checkpoint]\nsave = nowhere/x.safetensors\n' >>"$dir/job.ini"
 expect 2 "job.ini:[0-9]*: \[checkpoint\] save: .*nowhere/x.safetensors: its directory" "$bin" plan "$dir/job.ini"
 if [ "$(id -u)" != 0 ]; then
   mkdir "$dir/ro" && chmod 555 "$dir/ro"
-  expect 2 "\[output\] dump: .*/ro/d.safetensors: its directory .* is not writable" \
+  expect 2 "--set output.dump: .*/ro/d.safetensors: its directory .* is not writable" \
     run --set output.dump="$dir/ro/d.safetensors"
 fi
 # the data file and the job file are untouched

@@ -30,11 +30,11 @@ cmp "$dir/good.safetensors" "$dir/good.copy" && cmp "$dir/good.optim.safetensors
 
 out=$(run --set checkpoint.load="$dir/nan.safetensors" 2>&1)
 code=$?
-echo "$out" | grep -q "\[checkpoint\] load: .*nan.safetensors: tensor '[a-z_.0-9]*' holds NaN at element 0" &&
+echo "$out" | grep -q -- "--set checkpoint.load: .*nan.safetensors: tensor '[a-z_.0-9]*' holds NaN at element 0" &&
   [ "$code" = 2 ] || { echo "$out"; echo "nonfinite: a NaN checkpoint gave exit $code"; exit 1; }
 
 out=$(run --set optimizer.eps=0 2>&1)
 code=$?
-echo "$out" | grep -q "\[optimizer\] eps: 0 is out of range" && [ "$code" = 2 ] &&
+echo "$out" | grep -q -- "--set optimizer.eps: 0 is out of range" && [ "$code" = 2 ] &&
   ! echo "$out" | grep -q "^step " || { echo "$out"; echo "nonfinite: eps = 0 gave exit $code"; exit 1; }
 echo "nonfinite: ok"

@@ -393,9 +393,9 @@ static void test_failed_model_write_keeps_pair(void **state) {
   lim = saved;
   lim.rlim_cur = 16384;
   assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
-  tsr_status s = tsr_checkpoint_save(f->model, NULL, NP, f->names, p,
-                                     (const tsr_tensor *const *)f->m,
-                                     (const tsr_tensor *const *)f->v, 6);
+  tsr_status s =
+      tsr_checkpoint_save(f->model, NULL, NP, f->names, p, (const tsr_tensor *const *)f->m,
+                          (const tsr_tensor *const *)f->v, 6);
   setrlimit(RLIMIT_FSIZE, &saved);
   signal(SIGXFSZ, old);
   tsr_tensor_free(bigp);
@@ -416,10 +416,10 @@ static void test_mixed_pair_refused(void **state) {
   snprintf(other, sizeof other, "%s/other.safetensors", f->dir);
   snprintf(other_optim, sizeof other_optim, "%s/other.optim.safetensors", f->dir);
   fill_bits(f->p[0], 77u);
-  assert_int_equal(
-      tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
-                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 6),
-      TSR_OK);
+  assert_int_equal(tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                                       (const tsr_tensor *const *)f->m,
+                                       (const tsr_tensor *const *)f->v, 6),
+                   TSR_OK);
   assert_int_equal(rename(other_optim, f->optim), 0);
   char *model = NULL;
   assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_EINVAL);
@@ -430,10 +430,10 @@ static void test_mixed_pair_refused(void **state) {
   assert_error_has("step 6");
   assert_error_has("not one checkpoint");
   /* the same step from another save is refused too: the ids differ */
-  assert_int_equal(
-      tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
-                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 5),
-      TSR_OK);
+  assert_int_equal(tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                                       (const tsr_tensor *const *)f->m,
+                                       (const tsr_tensor *const *)f->v, 5),
+                   TSR_OK);
   assert_int_equal(rename(other_optim, f->optim), 0);
   assert_int_equal(tsr_checkpoint_pair(f->model, f->optim, &model), TSR_EINVAL);
   assert_error_has("checkpoint ");
@@ -458,10 +458,10 @@ static void test_interrupted_publish_recovered(void **state) {
   snprintf(other, sizeof other, "%s/other.safetensors", f->dir);
   snprintf(other_optim, sizeof other_optim, "%s/other.optim.safetensors", f->dir);
   fill_bits(f->p[0], 91u);
-  assert_int_equal(
-      tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
-                          (const tsr_tensor *const *)f->m, (const tsr_tensor *const *)f->v, 6),
-      TSR_OK);
+  assert_int_equal(tsr_checkpoint_save(other, NULL, NP, f->names, (const tsr_tensor *const *)f->p,
+                                       (const tsr_tensor *const *)f->m,
+                                       (const tsr_tensor *const *)f->v, 6),
+                   TSR_OK);
   snprintf(tmp, sizeof tmp, "%s.tmp.%ld.0badf00d", f->model, dead_pid());
   assert_int_equal(rename(other_optim, f->optim), 0);
   assert_int_equal(rename(other, tmp), 0);

@@ -25,9 +25,9 @@
 static void test_bom(void **state) {
   (void)state;
   tsr_config *cfg = NULL;
-  assert_int_equal(tsr_config_parse_string("\xef\xbb\xbf[mesh]\ndims = dp, tp\nshape = 2, 3\n",
-                                           "job.ini", &cfg),
-                   TSR_OK);
+  assert_int_equal(
+      tsr_config_parse_string("\xef\xbb\xbf[mesh]\ndims = dp, tp\nshape = 2, 3\n", "job.ini", &cfg),
+      TSR_OK);
   assert_int_equal(cfg->mesh.ndim, 2);
   assert_int_equal(cfg->mesh.world, 6);
   assert_int_equal(tsr_config_line(cfg, "mesh", "shape"), 3);
@@ -35,8 +35,8 @@ static void test_bom(void **state) {
   assert_int_equal(tsr_config_parse_string("\xef\xbb\xbf[mesg]\nshape = 2\n", "job.ini", &cfg),
                    TSR_EINVAL);
   assert_error_has("job.ini:1: [mesg]: unknown section; did you mean [mesh]?");
-  assert_int_equal(
-      tsr_config_parse_string("\xef\xbb\xbf[job]\nstpes = 3\n", "job.ini", &cfg), TSR_EINVAL);
+  assert_int_equal(tsr_config_parse_string("\xef\xbb\xbf[job]\nstpes = 3\n", "job.ini", &cfg),
+                   TSR_EINVAL);
   assert_error_has("job.ini:2: [job] stpes: unknown key");
 }
 
@@ -48,9 +48,9 @@ static void test_text_after_section_header(void **state) {
   assert_int_equal(tsr_config_parse_string("[job]]\nsteps = 3\n", "job.ini", &cfg), TSR_EINVAL);
   assert_error_has("job.ini:1: text after ']'");
   /* blanks and a comment may follow */
-  assert_int_equal(tsr_config_parse_string("[job]  ; the job\nsteps = 3\n[mesh]\t# the mesh\n",
-                                           "job.ini", &cfg),
-                   TSR_OK);
+  assert_int_equal(
+      tsr_config_parse_string("[job]  ; the job\nsteps = 3\n[mesh]\t# the mesh\n", "job.ini", &cfg),
+      TSR_OK);
   assert_int_equal(cfg->job.steps, 3);
   tsr_config_free(cfg);
 }

@@ -387,10 +387,14 @@ static void test_adamw_eps_must_be_positive(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adamw_eps_must_be_positive),
-      cmocka_unit_test(test_adamw_matches_reference),    cmocka_unit_test(test_adamw_missing_grad),
-      cmocka_unit_test(test_norm_two_ranks_matches_one), cmocka_unit_test(test_norm_2d_mesh),
-      cmocka_unit_test(test_norm_rejects_partial),       cmocka_unit_test(test_clip_by_hand),
-      cmocka_unit_test(test_clip_through_optimizer),     cmocka_unit_test(test_schedule),
+      cmocka_unit_test(test_adamw_matches_reference),
+      cmocka_unit_test(test_adamw_missing_grad),
+      cmocka_unit_test(test_norm_two_ranks_matches_one),
+      cmocka_unit_test(test_norm_2d_mesh),
+      cmocka_unit_test(test_norm_rejects_partial),
+      cmocka_unit_test(test_clip_by_hand),
+      cmocka_unit_test(test_clip_through_optimizer),
+      cmocka_unit_test(test_schedule),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
