@@ -155,7 +155,7 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
     goto done;
   }
   char report[2048] = "";
-  int nbad = 0, nref, ngot;
+  int nbad = 0, nref = 0, ngot = 0;
   if (!dump_complete(ref, &nref) || !dump_complete(got, &ngot)) {
     res = cf_say(msg, len, CF_FAIL,
                  "a dump lacks logits, loss, grad.* or after.* (%d and %d "
