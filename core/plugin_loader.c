@@ -84,8 +84,15 @@ static tsr_status fail(tsr_plugin_report *rep, tsr_plugin_check check, const cha
     snprintf(abi, sizeof abi, "%u.%u", rep->abi_major, rep->abi_minor);
   else
     snprintf(abi, sizeof abi, "unknown");
-  /* "problem; fix" reads as "name: problem (versions) in path; fix". */
-  char *fix = strstr(what, "; ");
+  /* "problem; fix" reads as "name: problem (versions) in path; fix". The fix starts at the
+   * first "; " outside parentheses: a plugin's message quoted in the problem may hold its own. */
+  char *fix = NULL;
+  int depth = 0;
+  for (char *p = what; *p && !fix; p++) {
+    if (*p == '(') depth++;
+    if (*p == ')' && depth > 0) depth--;
+    if (depth == 0 && p[0] == ';' && p[1] == ' ') fix = p;
+  }
   if (fix) *fix = '\0', fix += 2;
   int len = snprintf(rep->message, sizeof rep->message,
                      "%s: %s (plugin ABI %s, core ABI %d.%d) in %s%s%s", rep->name, what, abi,

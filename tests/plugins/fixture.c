@@ -43,7 +43,10 @@ __attribute__((unused)) static tsr_status fix_init(const tsr_plugin_args *args, 
   log_event("init");
 #ifdef FIX_INIT_FAILS
   *state = NULL;
-  return tsr_error(TSR_EPLUGIN, "fixture %s refuses to start: no device of kind 'imaginary'",
+  /* a "; " inside parentheses, as plugins' messages have: not where the fix starts */
+  return tsr_error(TSR_EPLUGIN,
+                   "fixture %s refuses to start (no device of kind 'imaginary'; none is built); "
+                   "use another device",
                    FIX_NAME);
 #else
   static int token;

@@ -161,7 +161,9 @@ static void test_lifecycle_order(void **state) {
   setenv("TESSERA_TEST_LOG", log_path, 1);
 
   load_fails("[plugins]\nload = fix_ok_a, fix_ok_b, fix_initfail\n", TSR_EPLUGIN,
-             "fix_initfail: init failed: fixture fix_initfail refuses to start");
+             "fix_initfail: init failed: fixture fix_initfail refuses to start (no device of kind "
+             "'imaginary'; none is built) (plugin ABI ");
+  assert_contains(tsr_last_error(), "libtessera-fix_initfail.so; use another device");
   assert_string_equal(read_log(), "init fix_ok_a\nregister fix_ok_a\ninit fix_ok_b\n"
                                   "register fix_ok_b\ninit fix_initfail\n"
                                   "fini fix_ok_b\nfini fix_ok_a\n");
