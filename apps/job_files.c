@@ -20,6 +20,7 @@ typedef struct job_file {
   const char *what; /* "" or a qualifier such as "optimizer file of" */
   char path[TSR_TRAIN_PATH_LEN + 32];
   bool exists;
+  bool may_be_absent; /* the model file of a save killed between its two renames */
   struct stat sb;
 } job_file;
 
@@ -46,6 +47,7 @@ static tsr_status file_error(const tsr_config *c, const job_file *f, const char 
 /* An input: a regular file that opens for reading. The open does not block on a FIFO: it is
  * refused by its type first, and O_NONBLOCK covers a file swapped for one in between. */
 static tsr_status check_input(const tsr_config *c, job_file *f) {
+  if (stat(f->path, &f->sb) != 0 && errno == ENOENT && f->may_be_absent) return TSR_OK;
   if (stat(f->path, &f->sb) != 0)
     return file_error(c, f,
                       ": cannot open: %s; check the path (relative paths start at the job "
@@ -138,8 +140,12 @@ tsr_status tsr_app_check_files(const tsr_config *c) {
     add(c, in, &nin, "checkpoint", "load", "", c->checkpoint.load, NULL);
     TSR_CHECK(tsr_checkpoint_optim_path(in[nin - 1].path, optim, sizeof optim));
     struct stat sb;
-    if (stat(optim, &sb) == 0 || errno != ENOENT)
+    if (stat(optim, &sb) == 0 || errno != ENOENT) {
+      /* with the optimizer file there, the load finds the model file of a save killed before
+       * it was renamed into place (tsr_checkpoint_pair), or says why not */
+      in[nin - 1].may_be_absent = true;
       add(c, in, &nin, "checkpoint", "load", "the optimizer file ", NULL, optim);
+    }
   }
   /* the checkpoint is saved by training runs only */
   if (c->checkpoint.save[0] && c->job.mode == TSR_MODE_TRAIN) {

@@ -37,6 +37,11 @@ run --stop-at 6 --set checkpoint.load="$dir/cut.safetensors" --set checkpoint.sa
 grep -q "resumed from .* at step 4" "$dir/cut.log" || { cat "$dir/cut.log"; exit 1; }
 grep -q "loading its complete model file .*cut.safetensors.tmp.$dead.0badf00d" "$dir/cut.log"
 [ ! -e "$dir/cut.safetensors.tmp.$dead.0badf00d" ] || { echo "ckpt pair: stale temporary kept"; exit 1; }
+# the first save to a name killed the same way: no model file yet, only its temporary
+cp "$dir/b.optim.safetensors" "$dir/first.optim.safetensors"
+cp "$dir/b.safetensors" "$dir/first.safetensors.tmp.$dead.0badf00d"
+run --stop-at 6 --set checkpoint.load="$dir/first.safetensors" >"$dir/first.log"
+grep -q "resumed from .* at step 4" "$dir/first.log" || { cat "$dir/first.log"; exit 1; }
 run --stop-at 6 --set checkpoint.load="$dir/b.safetensors" --set checkpoint.save="$dir/whole.safetensors" \
   >/dev/null
 cmp "$dir/whole.safetensors" "$dir/cut.safetensors"
