@@ -5,6 +5,7 @@
 #include "app.h"
 #include "conform.h"
 #include "tessera/tessera.h"
+#include "tokenize.h"
 
 static const char usage[] =
     "usage: tessera <command> [options]\n"
@@ -15,6 +16,9 @@ static const char usage[] =
     "                                       and the state each rank will hold\n"
     "  run JOB.ini [--set S.K=V] [--dump F] validate a job and run it (train or forward)\n"
     "  compare A B [--rtol R] [--atol A]    compare two dumps tensor by tensor\n"
+    "  tokenize TOKENIZER.json -o OUT FILE.. text or JSONL to a token file with a Hugging Face\n"
+    "                                       tokenizer, and the index of its documents\n"
+    "  decode TOKENIZER.json TOKENS         a token file back to text, one document per line\n"
     "  conform PLUGIN [options]             run the conformance suite against a plugin\n"
     "  ini-reference                        print the job-file reference (docs/ini-reference.md)\n"
     "  help                                 this text\n"
@@ -69,9 +73,11 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "ini-reference")) return tsr_cmd_ini_reference(argc - 1, argv + 1);
   if (!strcmp(cmd, "compare")) return tsr_cmd_compare(argc - 1, argv + 1);
   if (!strcmp(cmd, "conform")) return tsr_cmd_conform(argc - 1, argv + 1);
-  static const char *const cmds[] = {"plugins", "plan",    "run", "ini-reference",
-                                     "compare", "conform", "help"};
-  const char *hint = tsr_closest_name(cmd, cmds, 7);
+  if (!strcmp(cmd, "tokenize")) return tsr_cmd_tokenize(argc - 1, argv + 1);
+  if (!strcmp(cmd, "decode")) return tsr_cmd_decode(argc - 1, argv + 1);
+  static const char *const cmds[] = {"plugins", "plan",     "run",    "ini-reference", "compare",
+                                     "conform", "tokenize", "decode", "help"};
+  const char *hint = tsr_closest_name(cmd, cmds, 9);
   if (hint)
     fprintf(stderr, "tessera: unknown command '%s'; did you mean '%s'?\n", cmd, hint);
   else
