@@ -4,8 +4,9 @@
 #include <string.h>
 
 #include "kernel_table.h"
+#include "registry_impl.h"
 #include "tessera/autograd.h"
-#include "tessera/registry.h"
+#include "tessera/breadcrumb.h"
 
 #define TAPE_MAX_IO 8 /* inputs or outputs of one node */
 
@@ -308,14 +309,26 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
   return st;
 }
 
+/* The node's backward function, with the op it differentiates in the breadcrumb. */
+static tsr_status run_backward(tsr_tape_t *t, tape_node *node) {
+  tsr_breadcrumb *b = tsr_breadcrumb_here();
+  const char *op = b->op, *pass = b->op_pass;
+  b->op = node->op;
+  b->op_pass = "backward";
+  tsr_status st =
+      node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+  b->op = op;
+  b->op_pass = pass;
+  return st;
+}
+
 /* Runs one node's backward, with its transient inputs rebuilt for the duration. */
 static tsr_status backward_node(tsr_tape_t *t, tape_node *node) {
   tsr_status st = TSR_OK;
   for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
     if (node->remat[j] && !node->inputs[j]->value->local)
       st = rebuild_local(t, node->inputs[j], node->remat[j]);
-  if (st == TSR_OK)
-    st = node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+  if (st == TSR_OK) st = run_backward(t, node);
   for (int j = 0; j < node->ninputs; j++)
     if (node->remat[j]) drop_local(node->inputs[j]);
   if (st != TSR_OK) return tsr_error_prefix(st, "backward of '%s'", node->op);
@@ -352,7 +365,10 @@ static tsr_status hooks_ready(tsr_tape_t *t, const tsr_registry_t *reg, int nhoo
   for (; *next < nuses && uses[*next].node == i; (*next)++)
     for (int h = 0; h < nhooks; h++) {
       const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+      tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(tsr_registry_grad_hook_owner(reg, h),
+                                                        "gradient hook", hook->name, "ready");
       tsr_status st = hook->ready(t->r, uses[*next].v, hook->ctx);
+      tsr_breadcrumb_leave(&crumb);
       if (st != TSR_OK)
         return tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
                                 uses[*next].v->name ? uses[*next].v->name : "(unnamed)");
@@ -363,7 +379,10 @@ static tsr_status hooks_ready(tsr_tape_t *t, const tsr_registry_t *reg, int nhoo
 static tsr_status hooks_done(tsr_tape_t *t, const tsr_registry_t *reg, int nhooks) {
   for (int h = 0; h < nhooks; h++) {
     const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(tsr_registry_grad_hook_owner(reg, h),
+                                                      "gradient hook", hook->name, "done");
     tsr_status st = hook->done ? hook->done(t->r, hook->ctx) : TSR_OK;
+    tsr_breadcrumb_leave(&crumb);
     if (st != TSR_OK)
       return tsr_error_prefix(st, "gradient hook %s at the end of backward", hook->name);
   }
@@ -482,8 +501,7 @@ static tsr_status split_run(tsr_tape_t *t, tape_node *node, bool mask_act) {
   for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
     if (node->remat[j] && !node->inputs[j]->value->local)
       st = rebuild_local(t, node->inputs[j], node->remat[j]);
-  if (st == TSR_OK)
-    st = node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+  if (st == TSR_OK) st = run_backward(t, node);
   for (int j = 0; j < node->ninputs; j++) {
     if (node->remat[j]) drop_local(node->inputs[j]);
     if (masked[j]) node->inputs[j]->requires_grad = true;

@@ -12,6 +12,7 @@
 
 #include "comm_local.h"
 #include "kernel_table.h"
+#include "tessera/breadcrumb.h"
 
 /* ---- Time ---- */
 
@@ -515,6 +516,7 @@ static void mark_exited(local_world *w, int rank) {
 static void *rank_main(void *p) {
   local_rank *r = p;
   tsr_clear_error();
+  *tsr_breadcrumb_here() = (tsr_breadcrumb){.rank = r->rank, .microbatch = -1};
   r->status = r->fn(r->comm, r->arg);
   if (r->status != TSR_OK) snprintf(r->msg, sizeof r->msg, "%s", tsr_last_error());
   mark_exited(r->w, r->rank);

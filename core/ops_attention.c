@@ -61,8 +61,8 @@ static tsr_status sdpa_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
   return st;
 }
 
-tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool causal,
-                       tsr_var **out) {
+static tsr_status sdpa_forward(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool causal,
+                               tsr_var **out) {
   TSR_CHECK(tsr_op_check("sdpa", "q", q, TSR_F32, 4));
   TSR_CHECK(tsr_op_check("sdpa", "k", k, TSR_F32, 4));
   TSR_CHECK(tsr_op_check("sdpa", "v", v, TSR_F32, 4));
@@ -115,4 +115,10 @@ tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool c
     return st;
   }
   return tsr_tape_record(t, "sdpa", in, 3, out, 1, sdpa_backward, s, sdpa_saved_free);
+}
+
+tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool causal,
+                       tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("sdpa");
+  return tsr_op_crumb_leave(crumb, sdpa_forward(t, q, k, v, causal, out));
 }

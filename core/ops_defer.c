@@ -2,13 +2,15 @@
  * tsr_op_defer_forward in tessera/registry.h). */
 #include <stdlib.h>
 
+#include "registry_impl.h"
+#include "tessera/breadcrumb.h"
 #include "tessera/mesh.h"
-#include "tessera/registry.h"
 
 struct tsr_op_deferral {
   const tsr_op_rule *rule; /* the other dim's rule */
   int dim;                 /* the mesh dim it runs for */
   void *saved;             /* what its compute saved for its backward */
+  const char *owner;       /* the plugin that registered the rule, for the breadcrumb */
 };
 
 tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninputs,
@@ -43,8 +45,11 @@ tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninp
   if (!d) return TSR_ERROR(TSR_ENOMEM, "%s: out of memory handing the op on", op);
   d->rule = found;
   d->dim = found_dim;
+  d->owner = tsr_registry_op_rule_owner(reg, found);
+  tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(d->owner, "op rule", found->name, "forward");
   tsr_status st = found->compute(r, found_dim, ninputs, inputs, attrs, noutputs, outputs,
                                  &d->saved, found->ctx);
+  tsr_breadcrumb_leave(&crumb);
   if (st != TSR_OK) {
     tsr_op_deferral_free(d);
     return tsr_error_prefix(st, "rule '%s' handed %s by mesh dim '%s'", found->name, op,
@@ -60,8 +65,10 @@ tsr_status tsr_op_defer_backward(tsr_rank_t *r, const tsr_op_deferral *d, int ni
                                  const tsr_dtensor *const *grad_outputs,
                                  tsr_dtensor **grad_inputs) {
   if (!d) return TSR_ERROR(TSR_EINVAL, "no op was handed on: nothing to differentiate");
+  tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(d->owner, "op rule", d->rule->name, "backward");
   tsr_status st = d->rule->backward(r, d->dim, ninputs, inputs, attrs, noutputs, outputs,
                                     grad_outputs, grad_inputs, d->saved, d->rule->ctx);
+  tsr_breadcrumb_leave(&crumb);
   if (st != TSR_OK) return tsr_error_prefix(st, "rule '%s' (handed on)", d->rule->name);
   return TSR_OK;
 }
@@ -73,10 +80,14 @@ const tsr_op_rule *tsr_op_deferral_rule(const tsr_op_deferral *d) {
 void tsr_op_deferral_free(tsr_op_deferral *d) {
   if (!d) return;
   if (d->saved) {
-    if (d->rule->free_saved)
+    if (d->rule->free_saved) {
+      tsr_breadcrumb_saved crumb =
+          tsr_breadcrumb_enter(d->owner, "op rule", d->rule->name, "free_saved");
       d->rule->free_saved(d->saved);
-    else
+      tsr_breadcrumb_leave(&crumb);
+    } else {
       free(d->saved);
+    }
   }
   free(d);
 }

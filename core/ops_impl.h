@@ -3,8 +3,29 @@
 #define TESSERA_OPS_IMPL_H
 
 #include "kernel_table.h"
+#include "tessera/breadcrumb.h"
 #include "tessera/kernels.h"
 #include "tessera/ops.h"
+
+/* The op in the breadcrumb while its forward runs: enter before, leave with the result. */
+typedef struct tsr_op_crumb {
+  const char *op, *pass;
+} tsr_op_crumb;
+
+static inline tsr_op_crumb tsr_op_crumb_enter(const char *op) {
+  tsr_breadcrumb *b = tsr_breadcrumb_here();
+  tsr_op_crumb c = {b->op, b->op_pass};
+  b->op = op;
+  b->op_pass = "forward";
+  return c;
+}
+
+static inline tsr_status tsr_op_crumb_leave(tsr_op_crumb c, tsr_status st) {
+  tsr_breadcrumb *b = tsr_breadcrumb_here();
+  b->op = c.op;
+  b->op_pass = c.pass;
+  return st;
+}
 
 /* The kernels of the device a DTensor's local tensor lives on. */
 static inline const tsr_kernel_table *tsr_op_kernels(const tsr_dtensor *x) {

@@ -43,7 +43,7 @@ static tsr_status embedding_backward(tsr_tape_t *t, tsr_var *const *in, int nin,
   return tsr_var_accumulate_grad(t, w, dw);
 }
 
-tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_var **out) {
+static tsr_status embedding_forward(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_var **out) {
   TSR_CHECK(tsr_op_check("embedding", "ids", ids, TSR_I32, 2));
   TSR_CHECK(tsr_op_check("embedding", "weight", weight, TSR_F32, 2));
   tsr_var *in[2] = {ids, weight};
@@ -67,6 +67,11 @@ tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_va
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
   return tsr_tape_record(t, "embedding", in, 2, out, 1, embedding_backward, s, tsr_op_saved_free);
+}
+
+tsr_status tsr_op_embedding(tsr_tape_t *t, tsr_var *ids, tsr_var *weight, tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("embedding");
+  return tsr_op_crumb_leave(crumb, embedding_forward(t, ids, weight, out));
 }
 
 /* ---- rmsnorm ---- */
@@ -101,7 +106,8 @@ static tsr_status rmsnorm_backward(tsr_tape_t *t, tsr_var *const *in, int nin, t
   return st;
 }
 
-tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps, tsr_var **out) {
+static tsr_status rmsnorm_forward(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps,
+                                  tsr_var **out) {
   TSR_CHECK(tsr_op_check("rmsnorm", "x", x, TSR_F32, -1));
   TSR_CHECK(tsr_op_check("rmsnorm", "weight", weight, TSR_F32, 1));
   const tsr_dtensor *xv = x->value;
@@ -138,6 +144,11 @@ tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps,
   return tsr_tape_record(t, "rmsnorm", in, 2, out, 1, rmsnorm_backward, s, tsr_op_saved_free);
 }
 
+tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps, tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("rmsnorm");
+  return tsr_op_crumb_leave(crumb, rmsnorm_forward(t, x, weight, eps, out));
+}
+
 /* ---- linear ---- */
 
 static tsr_status linear_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
@@ -171,7 +182,7 @@ static tsr_status linear_backward(tsr_tape_t *t, tsr_var *const *in, int nin, ts
   return st;
 }
 
-tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **out) {
+static tsr_status linear_forward(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **out) {
   TSR_CHECK(tsr_op_check("linear", "x", x, TSR_F32, -1));
   TSR_CHECK(tsr_op_check("linear", "weight", weight, TSR_F32, 2));
   const tsr_dtensor *xv = x->value, *wv = weight->value;
@@ -208,6 +219,11 @@ tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **o
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
   return tsr_tape_record(t, "linear", in, 2, out, 1, linear_backward, s, tsr_op_saved_free);
+}
+
+tsr_status tsr_op_linear(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("linear");
+  return tsr_op_crumb_leave(crumb, linear_forward(t, x, weight, out));
 }
 
 /* ---- rope ---- */
@@ -251,7 +267,7 @@ static tsr_status rope_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
   return tsr_var_accumulate_grad(t, x, dx);
 }
 
-tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
+static tsr_status rope_forward(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
   TSR_CHECK(tsr_op_check("rope", "x", x, TSR_F32, 4));
   if (x->value->shape[3] % 2)
     return TSR_ERROR(TSR_EINVAL, "rope: head dim %lld is odd; rotary embedding needs it even",
@@ -278,6 +294,11 @@ tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
                        tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
   }
   return tsr_tape_record(t, "rope", &x, 1, out, 1, rope_backward, s, tsr_op_saved_free);
+}
+
+tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("rope");
+  return tsr_op_crumb_leave(crumb, rope_forward(t, x, theta, out));
 }
 
 /* ---- swiglu ---- */
@@ -307,7 +328,7 @@ static tsr_status swiglu_backward(tsr_tape_t *t, tsr_var *const *in, int nin, ts
   return st;
 }
 
-tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out) {
+static tsr_status swiglu_forward(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out) {
   TSR_CHECK(tsr_op_check("swiglu", "gate", gate, TSR_F32, -1));
   TSR_CHECK(tsr_op_check("swiglu", "up", up, TSR_F32, gate->value->ndim));
   for (int d = 0; d < gate->value->ndim; d++)
@@ -329,6 +350,11 @@ tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **ou
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
   return tsr_tape_record(t, "swiglu", in, 2, out, 1, swiglu_backward, s, tsr_op_saved_free);
+}
+
+tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("swiglu");
+  return tsr_op_crumb_leave(crumb, swiglu_forward(t, gate, up, out));
 }
 
 /* ---- cross-entropy ---- */
@@ -379,7 +405,8 @@ static tsr_status count_valid(tsr_tape_t *t, const tsr_var *labels, const tsr_pl
   return tsr_comm_all_reduce(g, global, global, 1, TSR_I64, TSR_REDUCE_SUM);
 }
 
-tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels, tsr_var **out) {
+static tsr_status cross_entropy_forward(tsr_tape_t *t, tsr_var *logits, tsr_var *labels,
+                                        tsr_var **out) {
   TSR_CHECK(tsr_op_check("cross_entropy", "logits", logits, TSR_F32, 3));
   TSR_CHECK(tsr_op_check("cross_entropy", "labels", labels, TSR_I32, 2));
   const tsr_dtensor *lv = logits->value;
@@ -420,4 +447,9 @@ tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels,
   }
   return tsr_tape_record(t, "cross_entropy", in, 2, out, 1, cross_entropy_backward, s,
                          tsr_op_saved_free);
+}
+
+tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels, tsr_var **out) {
+  tsr_op_crumb crumb = tsr_op_crumb_enter("cross_entropy");
+  return tsr_op_crumb_leave(crumb, cross_entropy_forward(t, logits, labels, out));
 }

@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "ops_impl.h"
+#include "registry_impl.h"
+#include "tessera/breadcrumb.h"
 
 static const tsr_mesh_t *mesh_of(const tsr_var *v) {
   return v->value->mesh;
@@ -284,6 +286,7 @@ tsr_status tsr_op_redistribute(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh
 
 typedef struct rule_saved {
   const tsr_op_rule *rule;
+  const char *owner; /* the plugin that registered it, for the breadcrumb */
   int dim;
   void *saved; /* the rule's own */
   unsigned char attrs[64];
@@ -293,10 +296,14 @@ static void rule_saved_free(void *p) {
   rule_saved *s = p;
   if (!s) return;
   if (s->saved) {
-    if (s->rule->free_saved)
+    if (s->rule->free_saved) {
+      tsr_breadcrumb_saved crumb =
+          tsr_breadcrumb_enter(s->owner, "op rule", s->rule->name, "free_saved");
       s->rule->free_saved(s->saved);
-    else
+      tsr_breadcrumb_leave(&crumb);
+    } else {
       free(s->saved);
+    }
   }
   free(s);
 }
@@ -316,9 +323,13 @@ static tsr_status rule_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
     tsr_op_grad_placements(mesh_of(out[k]), out[k]->value->placements, want);
     st = tsr_op_grad_of(t, out[k], want, &gouts[k], &owned[k]);
   }
-  if (st == TSR_OK)
+  if (st == TSR_OK) {
+    tsr_breadcrumb_saved crumb =
+        tsr_breadcrumb_enter(s->owner, "op rule", s->rule->name, "backward");
     st = s->rule->backward(tsr_tape_rank(t), s->dim, nin, ins, s->attrs, nout, outs, gouts, gins,
                            s->saved, s->rule->ctx);
+    tsr_breadcrumb_leave(&crumb);
+  }
   if (st != TSR_OK) tsr_error_prefix(st, "rule '%s'", s->rule->name);
   for (int j = 0; j < nin; j++) {
     if (st == TSR_OK && gins[j])
@@ -365,13 +376,16 @@ tsr_status tsr_op_run_rule(tsr_tape_t *t, const char *op, tsr_var *const *in, in
     return TSR_ERROR(TSR_ENOMEM, "op '%s': cannot save the rule's attributes", op);
   }
   s->rule = rule;
+  s->owner = tsr_registry_op_rule_owner(tsr_rank_registry(tsr_tape_rank(t)), rule);
   s->dim = dim;
   if (attrs) memcpy(s->attrs, attrs, attrs_size);
   const tsr_dtensor *ins[TSR_MAX_OP_INPUTS];
   tsr_dtensor *o[TSR_MAX_OP_OUTPUTS] = {0};
   for (int j = 0; j < nin; j++) ins[j] = in[j]->value;
+  tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(s->owner, "op rule", rule->name, "forward");
   tsr_status st =
       rule->compute(tsr_tape_rank(t), dim, nin, ins, s->attrs, nout, o, &s->saved, rule->ctx);
+  tsr_breadcrumb_leave(&crumb);
   if (st != TSR_OK) tsr_error_prefix(st, "rule '%s' for op '%s'", rule->name, op);
   for (int k = 0; k < nout; k++) {
     if (st == TSR_OK && !o[k])

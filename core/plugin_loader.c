@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tessera/breadcrumb.h"
 #include "tessera/plugin.h"
 
 #define MAX_DIRS 32
@@ -430,7 +431,11 @@ static tsr_status find_file(const tsr_config *cfg, const char *name, tsr_plugin_
 static void unload(tsr_plugin_set_t *set) {
   for (int i = set->n - 1; i >= 0; i--) {
     loaded_plugin *p = &set->p[i];
-    if (p->inited) p->desc->fini(p->state);
+    if (p->inited) {
+      tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(p->rep.name, "fini", NULL, NULL);
+      p->desc->fini(p->state);
+      tsr_breadcrumb_leave(&crumb);
+    }
     p->inited = false;
     p->state = NULL;
   }
@@ -569,7 +574,12 @@ tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_p
       p->rep.status = st = TSR_EINVAL;
       goto cleanup;
     }
-    if (p->desc->validate && (st = p->desc->validate(&args)) != TSR_OK) {
+    /* each callback runs with the plugin in the breadcrumb: a crash names it, and what
+     * register_rules adds is recorded as the plugin's */
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(p->rep.name, "validate", NULL, NULL);
+    st = p->desc->validate ? p->desc->validate(&args) : TSR_OK;
+    tsr_breadcrumb_leave(&crumb);
+    if (st != TSR_OK) {
       char why[1536];
       snprintf(why, sizeof why, "%s", tsr_last_error());
       fail(&p->rep, TSR_CHECK_VALIDATE, "rejects the job: %s", why);
@@ -578,14 +588,20 @@ tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_p
       goto cleanup;
     }
     tsr_clear_error();
-    if (p->desc->init(&args, &p->state) != TSR_OK) {
+    crumb = tsr_breadcrumb_enter(p->rep.name, "init", NULL, NULL);
+    st = p->desc->init(&args, &p->state);
+    tsr_breadcrumb_leave(&crumb);
+    if (st != TSR_OK) {
       char why[1536];
       snprintf(why, sizeof why, "%s", tsr_last_error()[0] ? tsr_last_error() : "no message");
       st = fail(&p->rep, TSR_CHECK_INIT, "init failed: %s", why);
       goto cleanup;
     }
     p->inited = true;
-    if (p->desc->register_rules(reg, &args, p->state) != TSR_OK) {
+    crumb = tsr_breadcrumb_enter(p->rep.name, "register_rules", NULL, NULL);
+    st = p->desc->register_rules(reg, &args, p->state);
+    tsr_breadcrumb_leave(&crumb);
+    if (st != TSR_OK) {
       char why[1536];
       snprintf(why, sizeof why, "%s", tsr_last_error()[0] ? tsr_last_error() : "no message");
       st = fail(&p->rep, TSR_CHECK_REGISTER, "register_rules failed: %s", why);
@@ -596,7 +612,10 @@ tsr_status tsr_plugin_set_load(const tsr_config *cfg, tsr_registry_t *reg, tsr_p
     loaded_plugin *p = &set->p[i];
     if (!TSR_STRATEGY_HAS(p->desc, check_registry) || !p->desc->check_registry) continue;
     tsr_plugin_args args = {cfg, p->rep.name, p->rep.path, TSR_ABI_MAJOR, TSR_ABI_MINOR};
-    if ((st = p->desc->check_registry(reg, &args, p->state)) != TSR_OK) {
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(p->rep.name, "check_registry", NULL, NULL);
+    st = p->desc->check_registry(reg, &args, p->state);
+    tsr_breadcrumb_leave(&crumb);
+    if (st != TSR_OK) {
       char why[1536];
       snprintf(why, sizeof why, "%s", tsr_last_error()[0] ? tsr_last_error() : "no message");
       fail(&p->rep, TSR_CHECK_REGISTRY, "rejects the job: %s", why);

@@ -5,8 +5,9 @@
 
 #include "comm_impl.h"
 #include "kernel_table.h"
+#include "registry_impl.h"
+#include "tessera/breadcrumb.h"
 #include "tessera/rank.h"
-#include "tessera/registry.h"
 
 struct tsr_rank_t {
   tsr_comm_t *comm;               /* borrowed */
@@ -30,6 +31,8 @@ tsr_status tsr_rank_new(tsr_comm_t *comm, const tsr_registry_t *registry, tsr_ra
   tsr_allocator_init_cpu(&r->alloc);
   r->device = tsr_kernel_table_cpu();
   r->matmul_dtype = TSR_F32;
+  /* a rank made on a thread of its own (mpi, nccl: the process's) names that thread's crashes */
+  tsr_breadcrumb_here()->rank = tsr_comm_rank(comm);
   *out = r;
   return TSR_OK;
 }
@@ -89,7 +92,10 @@ tsr_status tsr_rank_state(tsr_rank_t *r, const char *name, void **out) {
   }
   if (!r->made[i]) {
     const tsr_rank_state_spec *spec = tsr_registry_rank_state_at(r->registry, i);
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(tsr_registry_rank_state_owner(r->registry, i),
+                                                      "rank state", spec->name, "setup");
     tsr_status st = spec->setup(r, spec->ctx, &r->states[i]);
+    tsr_breadcrumb_leave(&crumb);
     if (st != TSR_OK)
       return tsr_error_prefix(st, "rank %d: setup of rank state '%s'", tsr_rank_id(r), name);
     r->made[i] = true;
@@ -103,7 +109,11 @@ void tsr_rank_free(tsr_rank_t *r) {
   /* plugins' states hold tensors of this rank's allocator: newest registration first */
   for (int i = r->nstates - 1; i >= 0; i--) {
     const tsr_rank_state_spec *spec = tsr_registry_rank_state_at(r->registry, i);
-    if (r->made[i] && spec->teardown) spec->teardown(r, r->states[i], spec->ctx);
+    if (!r->made[i] || !spec->teardown) continue;
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(tsr_registry_rank_state_owner(r->registry, i),
+                                                      "rank state", spec->name, "teardown");
+    spec->teardown(r, r->states[i], spec->ctx);
+    tsr_breadcrumb_leave(&crumb);
   }
   free(r->states);
   free(r->made);

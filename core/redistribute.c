@@ -22,9 +22,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tessera/breadcrumb.h"
 #include "tessera/dtensor.h"
 #include "tessera/registry.h"
 #include "redistribute_impl.h"
+#include "registry_impl.h"
 
 /* The planner's working state: x's metadata with the current placements and local tensor. */
 typedef struct plan_state {
@@ -313,9 +315,14 @@ static tsr_status try_rules(plan_state *s, int i, tsr_placement dst, bool *done)
   for (int k = tsr_registry_redistribute_count(reg) - 1; k >= 0; k--) {
     const tsr_redistribute_rule *rule = tsr_registry_redistribute_at(reg, k);
     if (rule->mesh_dim && strcmp(tsr_mesh_canonical_name(rule->mesh_dim), dim) != 0) continue;
-    if (!rule->match(&s->x, i, s->x.placements[i], dst, rule->ctx)) continue;
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(
+        tsr_registry_redistribute_owner(reg, k), "redistribute transition", rule->name, "match");
+    bool match = rule->match(&s->x, i, s->x.placements[i], dst, rule->ctx);
+    tsr_breadcrumb_here()->phase = "apply";
     tsr_dtensor *y = NULL;
-    tsr_status st = rule->apply(s->r, &s->x, i, dst, &y, rule->ctx);
+    tsr_status st = match ? rule->apply(s->r, &s->x, i, dst, &y, rule->ctx) : TSR_OK;
+    tsr_breadcrumb_leave(&crumb);
+    if (!match) continue;
     if (st != TSR_OK)
       return tsr_error_prefix(st, "redistribute rule '%s' on mesh dim '%s'", rule->name, dim);
     if (!y || !y->local || !tsr_placement_equal(y->placements[i], dst)) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "registry_impl.h"
+#include "tessera/breadcrumb.h"
 #include "tessera/mesh.h"
 #include "vocab_impl.h"
 
@@ -163,6 +164,10 @@ const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i) {
   return vec_at(reg, offsetof(rule_tables, ops), i, sizeof(tsr_op_rule));
 }
 
+const char *tsr_registry_op_rule_owner(const tsr_registry_t *reg, const tsr_op_rule *rule) {
+  return tsr_vec_owner_of(vec_of(reg, offsetof(rule_tables, ops)), rule, sizeof *rule);
+}
+
 /* ---- Module styles ---- */
 
 tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_style *style) {
@@ -304,7 +309,11 @@ tsr_status tsr_registry_run_optim_hooks(const tsr_registry_t *reg, tsr_rank_t *r
   for (int k = 0; k < v->count; k++) {
     int i = when == TSR_HOOK_BEFORE_STEP ? k : v->count - 1 - k;
     if (hooks[i].when != when) continue;
+    tsr_breadcrumb_saved crumb =
+        tsr_breadcrumb_enter(tsr_vec_owner(v, i), "optimizer hook", hooks[i].name,
+                             when == TSR_HOOK_BEFORE_STEP ? "before step" : "after step");
     tsr_status st = hooks[i].fn(r, when, step, hooks[i].ctx);
+    tsr_breadcrumb_leave(&crumb);
     if (st != TSR_OK)
       return tsr_error_prefix(st, "optimizer hook %s (%s step %lld)", hooks[i].name,
                               when == TSR_HOOK_BEFORE_STEP ? "before" : "after",
@@ -334,6 +343,10 @@ int tsr_registry_grad_hook_count(const tsr_registry_t *reg) {
 
 const tsr_grad_hook *tsr_registry_grad_hook_at(const tsr_registry_t *reg, int i) {
   return vec_at(reg, offsetof(rule_tables, grad_hooks), i, sizeof(tsr_grad_hook));
+}
+
+const char *tsr_registry_grad_hook_owner(const tsr_registry_t *reg, int i) {
+  return tsr_vec_owner(vec_of(reg, offsetof(rule_tables, grad_hooks)), i);
 }
 
 /* ---- Pipeline stages ---- */
@@ -382,4 +395,8 @@ int tsr_registry_rank_state_count(const tsr_registry_t *reg) {
 
 const tsr_rank_state_spec *tsr_registry_rank_state_at(const tsr_registry_t *reg, int i) {
   return vec_at(reg, offsetof(rule_tables, rank_states), i, sizeof(tsr_rank_state_spec));
+}
+
+const char *tsr_registry_rank_state_owner(const tsr_registry_t *reg, int i) {
+  return tsr_vec_owner(vec_of(reg, offsetof(rule_tables, rank_states)), i);
 }

@@ -3,6 +3,7 @@
 #define TESSERA_TESSERA_H
 
 #include "tessera/status.h"
+#include "tessera/breadcrumb.h"
 #include "tessera/tensor.h"
 #include "tessera/comm.h"
 #include "tessera/mesh.h"

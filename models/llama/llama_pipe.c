@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "llama_pipe.h"
+#include "tessera/breadcrumb.h"
 
 static double now_s(void) {
   struct timespec ts;
@@ -345,10 +346,12 @@ static tsr_status run_rank(pipe_ctx *p, const tsr_pipe_timeline *tl, const int32
       st = run_msg(p, &msgs[next++], res);
     if (st != TSR_OK) break;
     double t0 = now_s();
+    tsr_breadcrumb_here()->microbatch = a->microbatch;
     if (a->kind == TSR_PIPE_FORWARD)
       st = do_forward(p, a->microbatch, a->chunk, ids, labels);
     else
       st = do_backward(p, a->microbatch, a->chunk, a->kind);
+    tsr_breadcrumb_here()->microbatch = -1;
     res->events[res->nevents++] = (tsr_pipe_event){a->kind, a->microbatch, a->chunk, t0, now_s()};
   }
   while (st == TSR_OK && next < nmsg) st = run_msg(p, &msgs[next++], res);
@@ -488,7 +491,9 @@ static tsr_status rank_list(const tsr_schedule *sched, int r, bool train, tsr_pi
     free(acts);
     return TSR_ERROR(TSR_ENOMEM, "pipeline: out of memory for %d actions", cap);
   }
+  tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(sched->owner, "schedule", sched->name, "build");
   tsr_status st = sched->build(S, M, r, acts, cap, &got, sched->ctx);
+  tsr_breadcrumb_leave(&crumb);
   if (st != TSR_OK) {
     free(acts);
     return tsr_error_prefix(st, "pipeline schedule '%s'", sched->name);
