@@ -12,6 +12,7 @@
 
 #include "comm_local.h"
 #include "kernel_table.h"
+#include "status_impl.h"
 #include "tessera/breadcrumb.h"
 
 /* ---- Time ---- */
@@ -513,14 +514,101 @@ static void mark_exited(local_world *w, int rank) {
   pthread_mutex_unlock(&w->mu);
 }
 
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec + 1;
+}
+
 static void *rank_main(void *p) {
   local_rank *r = p;
   tsr_clear_error();
   *tsr_breadcrumb_here() = (tsr_breadcrumb){.rank = r->rank, .microbatch = -1};
   r->status = r->fn(r->comm, r->arg);
-  if (r->status != TSR_OK) snprintf(r->msg, sizeof r->msg, "%s", tsr_last_error());
+  if (r->status != TSR_OK) {
+    snprintf(r->msg, sizeof r->msg, "%s", tsr_last_error());
+    /* when the failure was written; a status returned without a message, when it returned */
+    r->failed_ns = tsr_last_error_ns();
+    if (!r->failed_ns) r->failed_ns = now_ns();
+  }
   mark_exited(r->w, r->rank);
   return NULL;
+}
+
+/* ---- The launch's error: the first failure, then the others in brief ---- */
+
+/* "0, 2-3, 7" for the failed ranks other than `first`, cut with "..." when long. */
+static void format_others(const local_world *w, int first, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < w->world; r++) {
+    if (r == first || w->ranks[r].status == TSR_OK) continue;
+    int e = r;
+    while (e + 1 < w->world && e + 1 != first && w->ranks[e + 1].status != TSR_OK) e++;
+    char one[32];
+    if (e == r)
+      snprintf(one, sizeof one, "%s%d", o ? ", " : "", r);
+    else
+      snprintf(one, sizeof one, "%s%d%s%d", o ? ", " : "", r, e == r + 1 ? ", " : "-", e);
+    if (o + strlen(one) + 5 >= len) {
+      snprintf(buf + o, len - o, ", ...");
+      return;
+    }
+    o += (size_t)snprintf(buf + o, len - o, "%s", one);
+    r = e;
+  }
+}
+
+/* At most `max` bytes of s, not cutting a UTF-8 sequence, with "..." when cut. */
+static void cut(const char *s, size_t max, char *buf, size_t len) {
+  size_t n = strlen(s);
+  if (n <= max) {
+    snprintf(buf, len, "%s", s);
+    return;
+  }
+  while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80) max--;
+  snprintf(buf, len, "%.*s...", (int)max, s);
+}
+
+/* Sets the launch's error and returns its status. The cause is the failure written first: a
+ * rank that fails makes its peers fail only after it returns (they find it gone from a
+ * collective, or the group broken), so their messages, usually "rank R returned ... without
+ * making this call", come later in time. Ties go to the lower rank. The others are summarised on
+ * a second line: their ranks, and the first message that is not the cause's. */
+static tsr_status launch_error(const local_world *w) {
+  int first = -1, nfailed = 0;
+  for (int r = 0; r < w->world; r++) {
+    const local_rank *lr = &w->ranks[r];
+    if (lr->status == TSR_OK) continue;
+    nfailed++;
+    if (first < 0 || lr->failed_ns < w->ranks[first].failed_ns) first = r;
+  }
+  if (first < 0) return TSR_OK;
+  const local_rank *cause = &w->ranks[first];
+  if (nfailed == 1) return tsr_error(cause->status, "rank %d: %s", first, cause->msg);
+  int next = -1, other = -1;
+  for (int r = 0; r < w->world; r++) {
+    const local_rank *lr = &w->ranks[r];
+    if (r == first || lr->status == TSR_OK) continue;
+    if (next < 0 || lr->failed_ns < w->ranks[next].failed_ns) next = r;
+    if (strcmp(lr->msg, cause->msg) && (other < 0 || lr->failed_ns < w->ranks[other].failed_ns))
+      other = r;
+  }
+  char ranks[400], said[256];
+  format_others(w, first, ranks, sizeof ranks);
+  const char *s = nfailed > 2 ? "s" : "";
+  if (other < 0)
+    return tsr_error(cause->status,
+                     "rank %d: %s\n  then rank%s %s failed after it, with the same "
+                     "message",
+                     first, cause->msg, s, ranks);
+  cut(w->ranks[other].msg, 200, said, sizeof said);
+  if (nfailed == 2)
+    return tsr_error(cause->status, "rank %d: %s\n  then rank %d failed after it: %s", first,
+                     cause->msg, other, said);
+  return tsr_error(
+      cause->status, "rank %d: %s\n  then ranks %s failed after it; the first %s, rank %d: %s",
+      first, cause->msg, ranks, other == next ? "of them" : "with another message", other, said);
 }
 
 static void world_destroy(local_world *w) {
@@ -543,8 +631,9 @@ static size_t small_bytes_from_env(void) {
 }
 
 tsr_status tsr_local_launch(int world, double timeout_s, tsr_rank_fn fn, void *arg) {
-  if (world < 1 || world > 1024)
-    return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: world size %d is outside 1 ..= 1024", world);
+  if (world < 1 || world > TSR_LOCAL_MAX_RANKS)
+    return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: world size %d is outside 1 ..= %d", world,
+                     TSR_LOCAL_MAX_RANKS);
   if (!(timeout_s > 0) || timeout_s > 1e6)
     return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: timeout %g s must be in (0, 1e6]", timeout_s);
   if (!fn) return TSR_ERROR(TSR_EINVAL, "tsr_local_launch: rank function is NULL");
@@ -583,11 +672,7 @@ tsr_status tsr_local_launch(int world, double timeout_s, tsr_rank_fn fn, void *a
   for (int r = 0; r < world; r++)
     if (w->ranks[r].started) pthread_join(w->ranks[r].thread, NULL);
   if (st != TSR_OK) goto cleanup;
-  for (int r = 0; r < world; r++) {
-    if (w->ranks[r].status == TSR_OK) continue;
-    st = tsr_error(w->ranks[r].status, "rank %d: %s", r, w->ranks[r].msg);
-    break;
-  }
+  st = launch_error(w);
 cleanup:
   world_destroy(w);
   return st;

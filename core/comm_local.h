@@ -84,6 +84,7 @@ typedef struct local_rank {
   void *arg;
   tsr_status status;
   char msg[2048];
+  uint64_t failed_ns; /* when its error was written (tsr_last_error_ns), or it returned */
 } local_rank;
 
 struct local_world {

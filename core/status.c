@@ -2,13 +2,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "tessera/status.h"
+#include "status_impl.h"
 
 #define TSR_ERROR_LEN 2048
 
 /* Thread-local because a rank is a thread: each rank reads back only its own failures. */
 static _Thread_local char last_error[TSR_ERROR_LEN];
+/* When last_error was written, for ordering the failures of several ranks (status_impl.h). */
+static _Thread_local uint64_t last_error_ns;
+
+static void stamp(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  /* never 0, which means "no error" */
+  last_error_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + 1;
+}
+
+uint64_t tsr_last_error_ns(void) {
+  return last_error_ns;
+}
 
 static void default_invariant_handler(const char *expr, const char *file, int line) {
   fprintf(stderr, "tessera: invariant violated at %s:%d: %s\n", file, line, expr);
@@ -51,6 +65,7 @@ const char *tsr_last_error(void) {
 
 void tsr_clear_error(void) {
   last_error[0] = '\0';
+  last_error_ns = 0;
 }
 
 tsr_status tsr_error(tsr_status s, const char *fmt, ...) {
@@ -58,6 +73,7 @@ tsr_status tsr_error(tsr_status s, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(last_error, sizeof last_error, fmt, ap);
   va_end(ap);
+  stamp();
   return s;
 }
 
@@ -71,6 +87,7 @@ tsr_status tsr_error_at(tsr_status s, const char *file, int line, const char *fm
   va_start(ap, fmt);
   vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
   va_end(ap);
+  stamp();
   return s;
 }
 

@@ -596,15 +596,61 @@ static void test_early_exit(void **state) {
   (void)state;
   outcome o = {0};
   tsr_status st = tsr_local_launch(3, 30.0, rank_early_exit, &o);
-  assert_int_equal(st, TSR_ECOMM);
-  /* The lowest failing rank's message, prefixed with its id. */
-  assert_non_null(strstr(tsr_last_error(), "rank 0: "));
-  assert_ptr_equal(strstr(tsr_last_error(), "rank 0: "), tsr_last_error());
+  /* The cause is rank 2's failure, which came first: its status and message, then the ranks that
+   * failed after it because it had left. */
+  assert_int_equal(st, TSR_EINVAL);
+  const char *e = tsr_last_error();
+  assert_ptr_equal(strstr(e, "rank 2: "), e);
+  assert_non_null(
+      strstr(e, "deliberate failure\n  then ranks 0, 1 failed after it; the first of them, rank "));
+  assert_non_null(strstr(e, "rank 2 returned from its rank function"));
   for (int r = 0; r < 2; r++) {
     assert_int_equal(o.st[r], TSR_ECOMM);
     expect_msg(&o, r, "rank 2 returned from its rank function");
     assert_true(o.elapsed[r] < 5.0);
   }
+}
+
+/* Ranks that fail at different times, without waiting for each other: `delay` seconds before
+ * failing with `msg` (NULL: succeed). */
+typedef struct timed_failures {
+  double delay[4];
+  const char *msg[4];
+} timed_failures;
+
+static tsr_status rank_timed_failure(tsr_comm_t *c, void *arg) {
+  const timed_failures *f = arg;
+  int r = tsr_comm_rank(c);
+  sleep_s(f->delay[r]);
+  return f->msg[r] ? tsr_error(r == 3 ? TSR_EIO : TSR_EINVAL, "%s", f->msg[r]) : TSR_OK;
+}
+
+/* The failure written first is the launch's error whatever the rank numbers; the others follow
+ * in brief: with one more, its message; with the same message everywhere, just their ranks. */
+static void test_first_failure_reported(void **state) {
+  (void)state;
+  timed_failures two = {{0.2, 0, 0, 0.4}, {NULL, NULL, NULL, NULL}};
+  two.msg[3] = "disk full";
+  two.msg[0] = "bad shape";
+  assert_int_equal(tsr_local_launch(4, 30.0, rank_timed_failure, &two), TSR_EINVAL);
+  assert_string_equal(tsr_last_error(),
+                      "rank 0: bad shape\n  then rank 3 failed after it: disk full");
+
+  timed_failures late_low = {{0.4, 0, 0, 0}, {"later", NULL, NULL, "sooner"}};
+  assert_int_equal(tsr_local_launch(4, 30.0, rank_timed_failure, &late_low), TSR_EIO);
+  assert_string_equal(tsr_last_error(), "rank 3: sooner\n  then rank 0 failed after it: later");
+
+  timed_failures mixed = {{0, 0.2, 0.4, 0}, {"lost", "lost", "gone", NULL}};
+  assert_int_equal(tsr_local_launch(4, 30.0, rank_timed_failure, &mixed), TSR_EINVAL);
+  assert_string_equal(tsr_last_error(),
+                      "rank 0: lost\n  then ranks 1, 2 failed after it; the first "
+                      "with another message, rank 2: gone");
+
+  timed_failures same = {{0.2, 0.2, 0, 0.2}, {"diverged", "diverged", "diverged", "diverged"}};
+  assert_int_equal(tsr_local_launch(4, 30.0, rank_timed_failure, &same), TSR_EINVAL);
+  assert_string_equal(
+      tsr_last_error(),
+      "rank 2: diverged\n  then ranks 0, 1, 3 failed after it, with the same message");
 }
 
 static tsr_status rank_p2p_errors(tsr_comm_t *c, void *arg) {
@@ -796,6 +842,7 @@ int main(void) {
       cmocka_unit_test(test_all_to_all_mismatch),
       cmocka_unit_test(test_timeout),
       cmocka_unit_test(test_early_exit),
+      cmocka_unit_test(test_first_failure_reported),
       cmocka_unit_test(test_p2p_errors),
       cmocka_unit_test(test_byte_counters),
   };
