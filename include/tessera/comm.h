@@ -119,13 +119,16 @@ TSR_API void tsr_comm_bytes_reset(tsr_comm_t *c);
 /* Body of one rank. Runs on its own thread with its own tsr_comm_t (valid for the call). */
 typedef tsr_status (*tsr_rank_fn)(tsr_comm_t *comm, void *arg);
 
-/* Starts `world` threads (1 ..= 1024), runs fn on each with its rank's communicator and joins
- * them. Collectives wait at most `timeout_s` seconds. Returns TSR_OK when every rank returned
- * TSR_OK; otherwise the status of the rank whose error was written first (the cause: its peers
- * fail after it returns), with the calling thread's last error set to "rank R: <that rank's
- * message>" and, when other ranks failed too, a second line "  then ranks ... failed after it"
- * with the first of their messages that differs (ties in time go to the lower rank). Each rank's
- * thread starts with its breadcrumb's rank set (tessera/breadcrumb.h). */
+/* The most ranks tsr_local_launch starts: they are threads of one process. */
+#define TSR_LOCAL_MAX_RANKS 1024
+
+/* Starts `world` threads (1 ..= TSR_LOCAL_MAX_RANKS), runs fn on each with its rank's
+ * communicator and joins them. Collectives wait at most `timeout_s` seconds. Returns TSR_OK when
+ * every rank returned TSR_OK; otherwise the status of the rank whose error was written first (the
+ * cause: its peers fail after it returns), with the calling thread's last error set to "rank R:
+ * <that rank's message>" and, when other ranks failed too, a second line "  then ranks ... failed
+ * after it" with the first of their messages that differs (ties in time go to the lower rank). Each
+ * rank's thread starts with its breadcrumb's rank set (tessera/breadcrumb.h). */
 TSR_API tsr_status tsr_local_launch(int world, double timeout_s, tsr_rank_fn fn, void *arg);
 
 #ifdef __cplusplus
