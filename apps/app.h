@@ -46,4 +46,14 @@ int tsr_cmd_compare(int argc, char **argv);
 /* True when argv holds -h or --help. */
 bool tsr_app_wants_help(int argc, char **argv);
 
+/* Crash reports (crash.c): from now on a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL)
+ * in any thread prints "<prog>: rank R crashed (SIG...) in plugin P, <callback> <name> (<phase>),
+ * step S, microbatch M" from that thread's breadcrumb and exits 1. Sets up the calling thread's
+ * alternate signal stack; every other thread that may overflow its stack (a rank's) brackets its
+ * work with tsr_app_crash_thread_begin / _end (NULL when none could be made: the report then
+ * needs the thread's own stack). */
+void tsr_app_crash_install(const char *prog);
+void *tsr_app_crash_thread_begin(void);
+void tsr_app_crash_thread_end(void *stack);
+
 #endif

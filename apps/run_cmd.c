@@ -33,6 +33,10 @@ static const char run_usage[] =
     "  --no-progress            plain lines even on a terminal\n"
     "  --no-peak                skip the sgemm peak measurement (no MFU in the log)\n"
     "\n"
+    "A rank that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGABRT) is reported in one line naming\n"
+    "the rank, the plugin callback or op it ran, the step and the microbatch. When several\n"
+    "ranks fail, the first failure in time is reported, the ranks that failed after it below.\n"
+    "\n"
     "exit codes: 0 success, 1 runtime failure (a rank failed, backend or device not built),\n"
     "            2 bad input (file:line:key errors on stderr; bad checkpoint, data or options)\n";
 
@@ -137,6 +141,8 @@ int tsr_cmd_run(int argc, char **argv) {
     fputs(run_usage, stdout);
     return TSR_EXIT_OK;
   }
+  /* a crash in any rank (or in a plugin's init) names the rank and what it ran, then exit 1 */
+  tsr_app_crash_install("tessera run");
   const char *path = NULL;
   char *sets[MAX_SETS];
   int nset = 0, code = TSR_EXIT_OK;

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "tessera/breadcrumb.h"
 #include "tessera/io.h"
 #include "tessera/kernels.h"
 #include "tessera_mpi.h"
@@ -85,6 +86,7 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
   *loss = 0.0;
   for (int64_t k = 0; k < accum; k++) {
     tsr_var *logits = NULL, *l = NULL;
+    tsr_breadcrumb_here()->microbatch = (int)k;
     TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, ids + k * rows * seq, &x), st);
     TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, labels + k * rows * seq, &y), st);
     TSR_CHECK_GOTO(tsr_llama_forward(t->model, tape, x, y, &logits, &l), st);
@@ -109,6 +111,7 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
     TSR_CHECK_GOTO(tsr_train_dump_add_batch(dump, parts, (int)accum, *loss), st);
   }
 cleanup:
+  tsr_breadcrumb_here()->microbatch = -1;
   tsr_tape_reset(tape);
   tsr_var_free(x);
   tsr_var_free(y);
@@ -233,6 +236,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   for (int64_t step = t->start_step + 1; step <= end; step++) {
     bool first = step == t->start_step + 1 && c->output.dump[0];
     double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
+    tsr_breadcrumb_here()->step = step; /* a crash report names the step */
     tsr_comm_bytes_reset(tsr_rank_comm(t->r));
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
     if (t->pipe)
@@ -295,6 +299,8 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   const tsr_config *c = job->cfg;
   tsr_train_rank t = {.job = job, .opts = ctx->opts};
   tsr_status st = TSR_OK;
+  /* a stack overflow on this rank's thread is reported too (crash.c) */
+  void *crash_stack = tsr_app_crash_thread_begin();
   tsr_kernel_set_threads(ctx->threads); /* the hand kernels' count is per thread */
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
   /* every rank of a local job shares device 0 (N virtual ranks on one GPU); under nccl each
@@ -356,6 +362,7 @@ cleanup:
   free(t.events);
   free(t.event_steps);
   tsr_rank_free(t.r);
+  tsr_app_crash_thread_end(crash_stack);
   return st;
 }
 
