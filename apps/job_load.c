@@ -3,9 +3,45 @@
 #include <string.h>
 
 #include "app.h"
+#include "tessera/comm.h"
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
 #include "tessera_mpi.h"
+#include "tessera_nccl.h"
+#include "train.h"
+
+/* What the job asks of this process and machine: a backend built in, a device present, a local
+ * world the threads of one process can hold. TSR_ENOTSUP (exit 1) for what this build or machine
+ * lacks, TSR_EINVAL (exit 2) for a job the backend cannot run. */
+static tsr_status check_backend(const tsr_config *c) {
+  char where[TSR_MAX_PATH + 160];
+  bool local = !strcmp(c->job.backend, "local"), mpi = !strcmp(c->job.backend, "mpi"),
+       nccl = !strcmp(c->job.backend, "nccl");
+  if (!local && !(mpi && tsr_mpi_loader_built()) && !(nccl && tsr_nccl_loader_built()))
+    return tsr_error(TSR_ENOTSUP,
+                     "%s: backend '%s' is not built in this tessera; only %s. "
+                     "Use backend = local (ranks as threads of one process) for now",
+                     tsr_config_where(c, "job", "backend", where, sizeof where), c->job.backend,
+                     tsr_mpi_loader_built() ? "'local' and 'mpi' are" : "'local' is");
+  if (nccl && c->job.device != TSR_DEVICE_CUDA)
+    return tsr_error(TSR_ENOTSUP,
+                     "%s: nccl moves GPU memory; use it with device = cuda, or "
+                     "backend = mpi for processes on the CPU",
+                     tsr_config_where(c, "job", "backend", where, sizeof where));
+  if (tsr_device_check((tsr_device){c->job.device, 0}) != TSR_OK) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", tsr_last_error());
+    return tsr_error(TSR_ENOTSUP, "%s: %s",
+                     tsr_config_where(c, "job", "device", where, sizeof where), why);
+  }
+  if (local && c->mesh.world > TSR_LOCAL_MAX_RANKS)
+    return tsr_config_error(c, TSR_EINVAL, "mesh", "shape",
+                            "%lld ranks, but backend = local runs its ranks as threads of one "
+                            "process, at most %d; use backend = mpi (one process per rank) or a "
+                            "smaller mesh",
+                            (long long)c->mesh.world, TSR_LOCAL_MAX_RANKS);
+  return TSR_OK;
+}
 
 tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets, tsr_app_job *job) {
   memset(job, 0, sizeof *job);
@@ -14,6 +50,8 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
   for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
   TSR_CHECK_GOTO(tsr_config_check_sets(job->cfg), st);
   TSR_CHECK_GOTO(tsr_app_check_files(job->cfg), st);
+  TSR_CHECK_GOTO(check_backend(job->cfg), st);
+  TSR_CHECK_GOTO(tsr_train_check_config(job->cfg), st);
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;

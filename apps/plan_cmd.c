@@ -72,6 +72,35 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
   free(per_rank);
 }
 
+/* Runs the job's first step on every rank (tsr_train_check_first_step), so that whatever `run`
+ * would refuse when it starts or at its first step (two communicating rules for one op, a rule that
+ * refuses its inputs, a checkpoint that does not fit the model, data too short) is refused here,
+ * with run's message. Says on `f` what was done, or why not. */
+static tsr_status check_step(const tsr_app_job *job, FILE *f) {
+  const tsr_config *c = job->cfg;
+  tsr_llama_config mc = tsr_train_model_config(c);
+  long long n = (long long)tsr_llama_num_params(&mc);
+  if (n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS) {
+    fprintf(f, "first step: not run: %lld parameters, more than the %lld plan builds\n", n,
+            (long long)TSR_TRAIN_MEM_PLAN_MAX_PARAMS);
+    return TSR_OK;
+  }
+  if (c->mesh.world > TSR_LOCAL_MAX_RANKS) {
+    fprintf(f,
+            "first step: not run: %lld ranks, more than the %d that run as threads of one "
+            "process\n",
+            (long long)c->mesh.world, TSR_LOCAL_MAX_RANKS);
+    return TSR_OK;
+  }
+  tsr_status st = tsr_train_check_first_step(job);
+  if (st == TSR_OK)
+    fprintf(f,
+            "first step: run on %lld ranks on the CPU (checkpoint, data, forward%s), nothing "
+            "written\n",
+            (long long)c->mesh.world, c->job.mode == TSR_MODE_TRAIN ? ", backward, optimizer" : "");
+  return st;
+}
+
 static const char plan_usage[] =
     "usage: tessera plan JOB.ini\n"
     "\n"
@@ -79,7 +108,9 @@ static const char plan_usage[] =
     "(rank -> coordinates), which plugin owns each mesh dim, the loaded plugins and what they\n"
     "registered, the pipeline schedule as a timeline (pp > 1), rank 0's parameters with their\n"
     "placements, and the parameter, gradient and AdamW bytes each rank will hold, found by\n"
-    "building each rank's model in turn. No step runs.\n"
+    "building each rank's model in turn. Then it runs the job's first step on every rank, as\n"
+    "threads of this process on the CPU, writing nothing: what `run` would refuse at the start\n"
+    "or at its first step, plan refuses, with run's message.\n"
     "\n"
     "exit codes: 0 valid, 1 runtime failure, 2 bad input (file:line:key errors on stderr)\n";
 
@@ -119,6 +150,9 @@ int tsr_cmd_plan(int argc, char **argv) {
   tsr_status st = tsr_app_job_open(path, 0, NULL, &job);
   if (st != TSR_OK) return tsr_app_exit_code(st);
   tsr_app_print_plan(&job, stdout);
+  fflush(stdout);
+  st = check_step(&job, stdout);
+  if (st != TSR_OK) fprintf(stderr, "tessera plan: %s\n", tsr_last_error());
   tsr_app_job_close(&job);
-  return TSR_EXIT_OK;
+  return tsr_app_exit_code(st);
 }

@@ -204,35 +204,14 @@ int tsr_cmd_run(int argc, char **argv) {
   FILE *quiet = tsr_mpi_env_rank() > 0 ? fopen("/dev/null", "w") : NULL;
   if (quiet) opts.out = quiet, opts.progress = false;
   tsr_app_job job;
-  char where[TSR_MAX_PATH + 160];
   memset(&job, 0, sizeof job);
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_app_job_open(path, nset, (const char *const *)sets, &job);
     if (st != TSR_OK) code = tsr_app_exit_code(st);
   }
+  /* the backend, device and world were checked with the job (job_load.c) */
   bool mpi = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "mpi");
   bool nccl = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "nccl");
-  if (code == TSR_EXIT_OK && strcmp(job.cfg->job.backend, "local") &&
-      !(mpi && tsr_mpi_loader_built()) && !(nccl && tsr_nccl_loader_built())) {
-    fprintf(stderr,
-            "%s: backend '%s' is not built in this tessera; only %s. "
-            "Use backend = local (ranks as threads of one process) for now\n",
-            tsr_config_where(job.cfg, "job", "backend", where, sizeof where), job.cfg->job.backend,
-            tsr_mpi_loader_built() ? "'local' and 'mpi' are" : "'local' is");
-    code = TSR_EXIT_RUNTIME;
-  }
-  if (code == TSR_EXIT_OK && nccl && job.cfg->job.device != TSR_DEVICE_CUDA) {
-    fprintf(stderr,
-            "%s: nccl moves GPU memory; use it with device = cuda, or "
-            "backend = mpi for processes on the CPU\n",
-            tsr_config_where(job.cfg, "job", "backend", where, sizeof where));
-    code = TSR_EXIT_RUNTIME;
-  }
-  if (code == TSR_EXIT_OK && tsr_device_check((tsr_device){job.cfg->job.device, 0}) != TSR_OK) {
-    fprintf(stderr, "%s: %s\n", tsr_config_where(job.cfg, "job", "device", where, sizeof where),
-            tsr_last_error());
-    code = TSR_EXIT_RUNTIME;
-  }
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_train_run(&job, &opts);
     if (st != TSR_OK) {

@@ -19,6 +19,7 @@ typedef struct run_ctx {
   const tsr_train_opts *opts;
   int threads;
   tsr_train_log log;
+  bool check; /* tsr_train_check_first_step: one step on local threads, nothing written */
 } run_ctx;
 
 static double now_s(void) {
@@ -213,6 +214,8 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   const tsr_config *c = t->job->cfg;
   bool train = c->job.mode == TSR_MODE_TRAIN, lead = tsr_rank_id(t->r) == 0;
   int64_t end = ctx->opts->stop_at > 0 ? ctx->opts->stop_at : c->job.steps;
+  bool check = ctx->check; /* one step, nothing written */
+  if (check && end > t->start_step + 1) end = t->start_step + 1;
   int64_t n = c->data.batch_size * c->data.seq_len;
   tsr_data_t *data = NULL;
   tsr_tape_t *tape = NULL;
@@ -234,7 +237,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
                        c->optimizer.warmup_steps, c->job.steps};
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
   for (int64_t step = t->start_step + 1; step <= end; step++) {
-    bool first = step == t->start_step + 1 && c->output.dump[0];
+    bool first = step == t->start_step + 1 && c->output.dump[0] && !check;
     double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
     tsr_breadcrumb_here()->step = step; /* a crash report names the step */
     tsr_comm_bytes_reset(tsr_rank_comm(t->r));
@@ -277,6 +280,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     if (lead) tsr_train_log_step(&ctx->log, &s);
   }
   if (lead) tsr_train_log_end(&ctx->log);
+  if (check) goto cleanup;
   if (train && end > t->start_step) TSR_CHECK_GOTO(report_mem(t, all, &mem, ctx->log.out), st);
   st = tsr_train_pipe_finish(t, all, ctx->log.out);
   TSR_CHECK_GOTO(agree(all, st), st);
@@ -305,8 +309,10 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   TSR_CHECK_GOTO(tsr_rank_new(comm, job->reg, &t.r), st);
   /* every rank of a local job shares device 0 (N virtual ranks on one GPU); under nccl each
    * process has the GPU the backend chose for it */
-  int ordinal = !strcmp(c->job.backend, "nccl") ? tsr_nccl_loader_device(comm) : 0;
-  TSR_CHECK_GOTO(tsr_rank_set_device(t.r, (tsr_device){c->job.device, ordinal}), st);
+  int ordinal = !strcmp(c->job.backend, "nccl") && !ctx->check ? tsr_nccl_loader_device(comm) : 0;
+  /* the check step lays the job out as it would run, on the CPU: the rules are the same */
+  tsr_device_kind dev = ctx->check ? TSR_DEVICE_CPU : c->job.device;
+  TSR_CHECK_GOTO(tsr_rank_set_device(t.r, (tsr_device){dev, ordinal}), st);
   TSR_CHECK_GOTO(tsr_rank_set_matmul_dtype(t.r, c->job.dtype), st);
   TSR_CHECK_GOTO(tsr_train_model_new(job, t.r, &t.model), st);
   TSR_CHECK_GOTO(tsr_train_pipe_setup(&t), st);
@@ -366,8 +372,7 @@ cleanup:
   return st;
 }
 
-/* Cross-checks of the loop's keys that the parser cannot make alone. */
-static tsr_status check_job(const tsr_config *c, const tsr_train_opts *opts) {
+tsr_status tsr_train_check_config(const tsr_config *c) {
   if (c->data.batch_size % c->optimizer.grad_accum_steps)
     return tsr_config_error(c, TSR_EINVAL, "optimizer", "grad_accum_steps",
                             "%lld does not divide [data] batch_size = %lld; pick a divisor so "
@@ -378,21 +383,21 @@ static tsr_status check_job(const tsr_config *c, const tsr_train_opts *opts) {
     return tsr_config_error(c, TSR_EINVAL, "optimizer", "grad_accum_steps",
                             "dumps support at most 64 microbatches, got %lld",
                             (long long)c->optimizer.grad_accum_steps);
-  if (opts->stop_at > c->job.steps)
-    return tsr_error(TSR_EINVAL,
-                     "--stop-at %lld is past [job] steps = %lld; stop at or before the last step",
-                     (long long)opts->stop_at, (long long)c->job.steps);
   tsr_llama_config mc = tsr_train_model_config(c);
   tsr_status st = tsr_llama_config_check(&mc);
   if (st != TSR_OK) return tsr_error_prefix(st, "%s: [model]", c->path);
   return TSR_OK;
 }
 
-tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
+static tsr_status launch(const tsr_app_job *job, const tsr_train_opts *opts, bool check) {
   const tsr_config *c = job->cfg;
-  TSR_CHECK(check_job(c, opts));
+  TSR_CHECK(tsr_train_check_config(c));
+  if (opts->stop_at > c->job.steps)
+    return tsr_error(TSR_EINVAL,
+                     "--stop-at %lld is past [job] steps = %lld; stop at or before the last step",
+                     (long long)opts->stop_at, (long long)c->job.steps);
   int world = (int)c->mesh.world, cores = tsr_kernel_num_cores();
-  run_ctx ctx = {job, opts, tsr_kernel_thread_budget(cores, world), {0}};
+  run_ctx ctx = {job, opts, tsr_kernel_thread_budget(cores, world), {0}, check};
   ctx.log.out = opts->out ? opts->out : stdout;
   ctx.log.progress = opts->progress;
   ctx.log.json = opts->json;
@@ -408,10 +413,25 @@ tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
   tsr_llama_config mc = tsr_train_model_config(c);
   ctx.log.flops_per_token = tsr_train_flops_per_token(&mc, c->data.seq_len);
   tsr_train_log_header(&ctx.log, job, ctx.threads);
+  /* The check step runs every rank as a thread of this process, whatever the backend. */
+  if (check) return tsr_local_launch(world, c->job.timeout_s, run_rank, &ctx);
   /* Under mpi this process is one rank of the job (docs/mpi.md). */
   if (!strcmp(c->job.backend, "mpi"))
     return tsr_mpi_loader_launch(world, c->job.timeout_s, run_rank, &ctx);
   if (!strcmp(c->job.backend, "nccl"))
     return tsr_nccl_loader_launch(world, c->job.timeout_s, run_rank, &ctx);
   return tsr_local_launch(world, c->job.timeout_s, run_rank, &ctx);
+}
+
+tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts) {
+  return launch(job, opts, false);
+}
+
+tsr_status tsr_train_check_first_step(const tsr_app_job *job) {
+  FILE *null = fopen("/dev/null", "w");
+  if (!null) return TSR_ERROR(TSR_EIO, "cannot open /dev/null for the check step's log");
+  tsr_train_opts opts = {.out = null};
+  tsr_status st = launch(job, &opts, true);
+  fclose(null);
+  return st;
 }

@@ -23,10 +23,21 @@ typedef struct tsr_train_opts {
   FILE *out;        /* where rank 0 writes the log; NULL: stdout */
 } tsr_train_opts;
 
+/* Cross-checks of the loop's keys that the parser cannot make alone (grad_accum_steps against
+ * batch_size and dumps, the model's shape); TSR_EINVAL naming the key and the fix. Part of the
+ * job's validation (tsr_app_job_open), so `plan` refuses what `run` would. */
+tsr_status tsr_train_check_config(const tsr_config *c);
+
 /* Runs the job (train or forward) on the local backend: measures the sgemm peak, sets the kernel
  * thread budget, starts the ranks and runs the loop on each. Errors inside a rank come back as
  * that rank's status with "rank R: ..." in the last error. */
 tsr_status tsr_train_run(const tsr_app_job *job, const tsr_train_opts *opts);
+
+/* The check `tessera plan` makes: the job's first step as `run` would take it (checkpoint load,
+ * data, forward, backward, optimizer) on every rank, as threads of this process on the CPU
+ * whatever the backend and device, writing no log, dump, trace or checkpoint. Fails as run's
+ * first step would, with its message. */
+tsr_status tsr_train_check_first_step(const tsr_app_job *job);
 
 /* ---- Shared between the loop's files ---- */
 

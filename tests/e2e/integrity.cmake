@@ -52,3 +52,11 @@ add_test(NAME e2e_set_checks
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/set_checks.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
           ${E2E_OUT}/set_checks)
 set_tests_properties(e2e_set_checks PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "set checks: ok")
+
+# Whatever run refuses, plan refuses first with the same message and exit code: two communicating
+# rules for sdpa, a rule refusing what another hands it, a local world of 4096 ranks,
+# grad_accum_steps that does not divide the batch. Plan runs the first step to find them.
+add_test(NAME e2e_plan_refuses
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/plan_refuses.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
+          ${E2E_OUT}/plan_refuses)
+set_tests_properties(e2e_plan_refuses PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "plan refuses: ok")
