@@ -36,11 +36,12 @@ static const char conform_usage[] =
     "job,\n"
     "      rejections carry a message, register_rules accepted by the registry\n"
     "  L2  each op rule, redistribute transition, module style and schedule it registers, against\n"
-    "      dense references on meshes of 1-4 ranks along its dims, uneven sizes, forward and\n"
-    "      backward\n"
-    "  L3  the Llama model, forward and one training step, with the plugin alone and beside the\n"
-    "      other plugins found, against the 1-rank run (rtol 1e-4, atol 1e-4), with bytes\n"
-    "      crossing the plugin's dim\n"
+    "      float64 references within what f32 rounding explains (relative L2 2e-6), on meshes of\n"
+    "      1-4 ranks along its dims, uneven sizes, forward and backward\n"
+    "  L3  the Llama model, five training steps, with the plugin alone and beside the other\n"
+    "      plugins found and zdp (a data split on a dim of a fresh name), against the 1-rank run:\n"
+    "      step 1's tensors, every loss, the parameters and AdamW moments after the last step;\n"
+    "      bytes must cross the plugin's dim\n"
     "Each test runs in a child process; a crash or a hang fails that test only. What the plugin\n"
     "does not register or the model cannot split is NOTSUP, not a failure.\n"
     "\n"
@@ -496,6 +497,7 @@ int tsr_cmd_conform(int argc, char **argv) {
     return TSR_EXIT_BAD_INPUT;
   }
   put_first_on_path(&p);
+  cf_helpers_on_path();
   double t_start = now_s();
   cf_discover(&p, timeout_s);
   g_ntests = 0;

@@ -10,6 +10,7 @@
  *   conform_contract.c   L1: the callbacks' contract (keys, lifecycle, refusals, scope)
  *   conform_rules.c      L2: op rules, module styles and redistribute transitions against dense
  *                        references
+ *   conform_ref64.c      the float64 references of the ops that L2 holds f32 results against
  *   conform_schedules.c  L2: pipeline schedules, simulated stage against stage
  *   conform_model.c      L3: the Llama model against the 1-rank run
  */
@@ -18,6 +19,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "app.h"
 #include "tessera/plugin.h"
@@ -132,11 +134,18 @@ tsr_status cf_job_load(const char *text, tsr_config **cfg, tsr_registry_t **reg,
                        tsr_plugin_set_t **set);
 void cf_job_free(tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t *set);
 
-/* The in-tree plugins, which L1 and L3 combine with the one under test when they are found. */
-#define CF_NKNOWN 6
+/* The in-tree plugins, which L1 and L3 combine with the one under test when they are found, and
+ * zdp, the suite's own data split on a fresh dim (plugins/conform). */
+#define CF_NKNOWN 7
 extern const char *const cf_known_plugins[CF_NKNOWN];
-/* The path of libtessera-<name>.so on the search path; false when there is none. */
+/* The folder, under a plugin folder, of the plugins the suite brings (zdp). */
+#define CF_HELPER_DIR "conform"
+/* The path of libtessera-<name>.so on the search path, or else in the CF_HELPER_DIR of a folder
+ * of it; false when there is none. */
 bool cf_find_plugin(const char *name, char *out, size_t len);
+/* Appends every CF_HELPER_DIR of the search path to TESSERA_PLUGIN_PATH, so that jobs find the
+ * suite's plugins after every other. */
+void cf_helpers_on_path(void);
 
 /* The n-th (0-based) job variant the L2 tests try for a registration: model 0 or 1, and the
  * plugin's keys at their defaults or one ENUM/BOOL key at another value. Returns false past the
@@ -153,6 +162,32 @@ typedef cf_result (*cf_variant_body)(const cf_plugin *p, const cf_test *t, const
  * verdict wins (FAILED over PASS over NOTSUP), and a failure names its variant. */
 cf_result cf_over_variants(const cf_plugin *p, const cf_test *t, int n, cf_variant_body body,
                            char *msg, size_t len);
+
+/* ---- Float64 references (conform_ref64.c) ---- */
+
+/* An op's output and the gradients of its inputs, in double, for one output gradient. */
+typedef struct cf_ref64 {
+  double *out;
+  int64_t nout;
+  double *grads[TSR_MAX_OP_INPUTS]; /* NULL for an input without gradient (ids, labels) */
+  int64_t ngrad[TSR_MAX_OP_INPUTS];
+  bool has_grad[TSR_MAX_OP_INPUTS];
+} cf_ref64;
+
+/* Runs op (a name of the vocabulary) forward on the full inputs `in` and backward for the output
+ * gradient `gout`, in double. `causal` is sdpa's mask. */
+tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, bool causal,
+                        const tsr_tensor *gout, cf_ref64 *r);
+void cf_ref64_free(cf_ref64 *r);
+
+/* How far an f32 tensor is from its float64 reference. */
+typedef struct cf_error {
+  double rel_l2;  /* ||got - ref|| / ||ref|| */
+  double rel_max; /* max |got - ref| / max |ref| */
+  int64_t worst;  /* the element of the largest |got - ref| */
+  double got, want;
+} cf_error;
+void cf_ref64_error(const tsr_tensor *got, const double *ref, int64_t n, cf_error *e);
 
 /* ---- Discovery (conform_discover.c) ---- */
 

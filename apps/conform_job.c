@@ -8,8 +8,11 @@
 
 #include "conform.h"
 
-/* The other plugins of the tree, for the combinations of L1 and L3. */
-const char *const cf_known_plugins[CF_NKNOWN] = {"dp", "tp", "sp", "pp", "cp_ring", "cp_ulysses"};
+/* The other plugins of the tree, for the combinations of L1 and L3, and zdp, the suite's own data
+ * split on a dim of its own name (plugins/conform). */
+const char *const cf_known_plugins[CF_NKNOWN] = {
+    "dp", "tp", "sp", "pp", "cp_ring", "cp_ulysses", "zdp",
+};
 
 /* ---- Jobs ---- */
 
@@ -143,17 +146,45 @@ const char *cf_variant_str(const cf_plugin *p, int v, char *buf, size_t len) {
 bool cf_find_plugin(const char *name, char *out, size_t len) {
   static char dirs[32][TSR_MAX_PATH];
   int n = tsr_plugin_search_dirs(NULL, NULL, dirs, 32);
-  for (int i = 0; i < n; i++) {
-    char c[TSR_MAX_PATH + TSR_MAX_NAME + 32];
+  /* the search path, then the suite's own plugins in its folders' conform/ */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 0; i < n; i++) {
+      char c[TSR_MAX_PATH + TSR_MAX_NAME + 40];
+      struct stat st;
+      int l = snprintf(c, sizeof c, "%s%s/" TSR_PLUGIN_PREFIX "%s" TSR_PLUGIN_SUFFIX, dirs[i],
+                       pass ? "/" CF_HELPER_DIR : "", name);
+      if (l < 0 || (size_t)l >= sizeof c || (size_t)l >= len) continue;
+      if (stat(c, &st) == 0 && S_ISREG(st.st_mode)) {
+        memcpy(out, c, (size_t)l + 1);
+        return true;
+      }
+    }
+  return false;
+}
+
+void cf_helpers_on_path(void) {
+  static char dirs[32][TSR_MAX_PATH];
+  int n = tsr_plugin_search_dirs(NULL, NULL, dirs, 32);
+  const char *old = getenv("TESSERA_PLUGIN_PATH");
+  size_t len = (old ? strlen(old) : 0) + 1, o = 0;
+  for (int i = 0; i < n; i++) len += strlen(dirs[i]) + sizeof CF_HELPER_DIR + 2;
+  char *v = malloc(len);
+  if (!v) return;
+  o = (size_t)snprintf(v, len, "%s", old ? old : "");
+  for (int i = 0; i < n && o < len; i++) {
+    char d[TSR_MAX_PATH + 16];
     struct stat st;
-    int l = snprintf(c, sizeof c, "%s/" TSR_PLUGIN_PREFIX "%s" TSR_PLUGIN_SUFFIX, dirs[i], name);
-    if (l < 0 || (size_t)l >= sizeof c || (size_t)l >= len) continue;
-    if (stat(c, &st) == 0 && S_ISREG(st.st_mode)) {
-      memcpy(out, c, (size_t)l + 1);
-      return true;
+    snprintf(d, sizeof d, "%s/%s", dirs[i], CF_HELPER_DIR);
+    if (stat(d, &st) == 0 && S_ISDIR(st.st_mode)) {
+      size_t l = strlen(d);
+      if (o + l + 2 > len) break;
+      if (o) v[o++] = ':';
+      memcpy(v + o, d, l + 1);
+      o += l;
     }
   }
-  return false;
+  setenv("TESSERA_PLUGIN_PATH", v, 1);
+  free(v);
 }
 
 /* ---- Finding the registration again ---- */

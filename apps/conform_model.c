@@ -1,15 +1,20 @@
 /* `tessera conform`, level L3: the Llama model end to end.
  *
- * Each test runs the tiny model of cf_job_text's model 2 for one training step (forward, backward,
- * AdamW) twice through the training loop of `tessera run`: on one rank without plugins, and on a
- * mesh that puts the plugin to work, alone (each of its dims at 2 and 4 ranks) or beside one other
- * in-tree plugin (both dims at 2). The two dumps (logits, loss, every gradient and every parameter
- * after the step) must agree to rtol 1e-4, atol 1e-4, and bytes must have crossed the plugin's
- * dim in the step (the comm counters of the training log): a dim over which nothing moves ran the
- * model replicated, which matches the 1-rank run without splitting anything (a data layout the
- * model never applied). A combination that the plugins' validate refuses, or that finds no
- * sharding rule, is NOTSUP; on its own dims the plugin must run.
+ * Each test trains the tiny model of cf_job_text's model 2 for L3_STEPS optimizer steps (forward,
+ * backward, clipping, AdamW) twice through the training loop of `tessera run`: on one rank
+ * without plugins, and on a mesh that puts the plugin to work, alone (each of its dims at 2 and 4
+ * ranks) or beside one other plugin (both dims at 2): each in-tree plugin, and zdp, the suite's
+ * data split on a dim of a name no plugin knows, whose ranks hold different rows, so that a
+ * collective on the wrong group, or on a group chosen by dim names, changes the result. Checked
+ * against the 1-rank run: the first step's dump (logits, loss, every gradient and every
+ * parameter after the step) element by element, every step's loss, and the parameters and AdamW
+ * moments of the checkpoint written after the last step, tensor by tensor; and bytes must have
+ * crossed the plugin's dim (the comm counters of the training log): a dim over which nothing
+ * moves ran the model replicated, which matches the 1-rank run without splitting anything. A
+ * combination that the plugins' validate refuses, or that finds no sharding rule, is NOTSUP; on
+ * its own dims the plugin must run.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,41 +24,103 @@
 #include "tessera/io.h"
 #include "train.h"
 
-/* One job from text, run with its dump written to `dump` and, when `log` is set, its training log
- * (one JSON object per step) to that file. */
-static tsr_status run_job(const char *text, const char *dump, const char *log, bool *rejected) {
-  tsr_app_job job;
-  memset(&job, 0, sizeof job);
+#define L3_STEPS 5
+/* The first step's dump against the 1-rank run's: every element. */
+#define L3_RTOL 1e-4
+#define L3_ATOL 1e-4
+/* The loss of every step, and after the last step each parameter and its AdamW moments, as
+ * tensors: ||got - ref|| <= L3_REL_L2 ||ref||. On every L3 mesh of the in-tree plugins the losses
+ * stay within 3e-7 of the 1-rank run's and the state within 6e-5 after five steps (parameters
+ * 2.5e-5, exp_avg 3.3e-5, exp_avg_sq 5.7e-5: AdamW's update is nearly the gradient's sign, so
+ * rounding differences grow from step to step); TESSERA_CONFORM_ERRORS=1 prints each run's. The
+ * bounds leave a factor of 30 and 9. A step whose update went wrong moves the next loss by 1e-2
+ * and more. */
+#define L3_LOSS_RTOL 1e-5
+#define L3_REL_L2    5e-4
+
+/* The files of one run, in the test's own directory (the driver removes it even if this child is
+ * killed): the first step's dump, the training log (one JSON object per step) and the checkpoint
+ * written after the last step (parameters, and beside them the AdamW moments). */
+typedef struct l3_files {
+  char dump[TSR_MAX_PATH + 32], log[TSR_MAX_PATH + 32], ckpt[TSR_MAX_PATH + 32];
+  char optim[TSR_MAX_PATH + 48];
+} l3_files;
+
+static void l3_files_in_tmp(l3_files *f, const char *tag) {
+  snprintf(f->dump, sizeof f->dump, "%s/%s.dump.safetensors", cf_tmpdir, tag);
+  snprintf(f->log, sizeof f->log, "%s/%s.log", cf_tmpdir, tag);
+  snprintf(f->ckpt, sizeof f->ckpt, "%s/%s.safetensors", cf_tmpdir, tag);
+  tsr_checkpoint_optim_path(f->ckpt, f->optim, sizeof f->optim);
+}
+
+static void l3_files_remove(const l3_files *f) {
+  unlink(f->dump);
+  unlink(f->log);
+  unlink(f->ckpt);
+  unlink(f->optim);
+}
+
+static void l3_close(tsr_app_job *job);
+
+/* Parses `text`, sets the run's steps and files, loads its plugins and makes its mesh.
+ * *rejected: the plugins refused the job. On failure everything made is freed. */
+static tsr_status l3_open(const char *text, const l3_files *f, tsr_app_job *job, bool *rejected) {
+  memset(job, 0, sizeof *job);
   tsr_status st = TSR_OK;
-  char set[TSR_MAX_PATH + 32];
+  char set[3][TSR_MAX_PATH + 64];
   *rejected = false;
-  snprintf(set, sizeof set, "output.dump=%s", dump);
-  TSR_CHECK_GOTO(tsr_config_parse_string(text, "conform-l3.ini", &job.cfg), st);
-  TSR_CHECK_GOTO(tsr_config_set(job.cfg, set), st);
-  TSR_CHECK_GOTO(tsr_registry_new(&job.reg), st);
-  st = tsr_plugin_set_load(job.cfg, job.reg, &job.plugins);
+  snprintf(set[0], sizeof set[0], "output.dump=%s", f->dump);
+  snprintf(set[1], sizeof set[1], "checkpoint.save=%s", f->ckpt);
+  snprintf(set[2], sizeof set[2], "job.steps=%d", L3_STEPS);
+  TSR_CHECK_GOTO(tsr_config_parse_string(text, "conform-l3.ini", &job->cfg), st);
+  for (int i = 0; i < 3; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, set[i]), st);
+  TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
+  st = tsr_plugin_set_load(job->cfg, job->reg, &job->plugins);
   if (st != TSR_OK) {
     *rejected = true;
     goto cleanup;
   }
   const char *names[TSR_MAX_MESH_DIMS];
-  for (int i = 0; i < job.cfg->mesh.ndim; i++) names[i] = job.cfg->mesh.names[i];
-  TSR_CHECK_GOTO(tsr_mesh_init((int)job.cfg->mesh.world, job.cfg->mesh.ndim, job.cfg->mesh.shape,
-                               names, &job.mesh),
+  for (int i = 0; i < job->cfg->mesh.ndim; i++) names[i] = job->cfg->mesh.names[i];
+  TSR_CHECK_GOTO(tsr_mesh_init((int)job->cfg->mesh.world, job->cfg->mesh.ndim, job->cfg->mesh.shape,
+                               names, &job->mesh),
                  st);
-  FILE *out = fopen(log ? log : "/dev/null", "w");
-  tsr_train_opts opts = {0, false, log != NULL, 0, out ? out : stdout};
-  st = tsr_train_run(&job, &opts);
-  if (out) fclose(out);
+  return TSR_OK;
 cleanup : {
   char keep[4096];
   snprintf(keep, sizeof keep, "%s", tsr_last_error());
-  tsr_mesh_free(job.mesh);
-  tsr_registry_free(job.reg);
-  tsr_plugin_set_free(job.plugins);
-  tsr_config_free(job.cfg);
-  if (st != TSR_OK) tsr_error(st, "%s", keep);
+  l3_close(job);
+  tsr_error(st, "%s", keep);
 }
+  return st;
+}
+
+static void l3_close(tsr_app_job *job) {
+  tsr_mesh_free(job->mesh);
+  tsr_registry_free(job->reg); /* before the plugins: it points into them */
+  tsr_plugin_set_free(job->plugins);
+  tsr_config_free(job->cfg);
+  memset(job, 0, sizeof *job);
+}
+
+/* Trains the opened job for L3_STEPS steps, writing its files. */
+static tsr_status l3_train(const tsr_app_job *job, const l3_files *f) {
+  FILE *out = fopen(f->log, "w");
+  tsr_train_opts opts = {0, false, true, 0, out ? out : stdout};
+  tsr_status st = tsr_train_run(job, &opts);
+  if (out) fclose(out);
+  return st;
+}
+
+/* One job from text, opened, trained and closed. */
+static tsr_status l3_run(const char *text, const l3_files *f, bool *rejected) {
+  tsr_app_job job;
+  TSR_CHECK(l3_open(text, f, &job, rejected));
+  tsr_status st = l3_train(&job, f);
+  char keep[4096];
+  snprintf(keep, sizeof keep, "%s", tsr_last_error());
+  l3_close(&job);
+  if (st != TSR_OK) tsr_error(st, "%s", keep);
   return st;
 }
 
@@ -75,23 +142,30 @@ static bool dump_complete(const char *path, int *n) {
   return logits && loss && grad && after;
 }
 
-/* The communication of the last step in a JSON training log: its "comm" value, "label size
- * unit, ..." with one label per group (a mesh dim, or dims joined by '+'). "" when none. */
-static void last_comm(const char *log, char *out, size_t len) {
-  out[0] = '\0';
+/* The training log's steps: each one's loss and, of the last, its "comm" value ("label size
+ * unit, ..." with one label per group: a mesh dim, or dims joined by '+'). Returns the number of
+ * steps read. */
+static int read_log(const char *log, double *loss, int cap, char *comm, size_t len) {
+  comm[0] = '\0';
   FILE *f = fopen(log, "r");
-  if (!f) return;
+  if (!f) return 0;
   char line[4096];
+  int n = 0;
   while (fgets(line, sizeof line, f)) {
-    const char *c = strstr(line, "\"comm\": \"");
-    if (!c) continue;
-    c += strlen("\"comm\": \"");
-    snprintf(out, len, "%.*s", (int)strcspn(c, "\""), c);
+    const char *l = strstr(line, "\"loss\": "), *c = strstr(line, "\"comm\": \"");
+    if (!l) continue;
+    if (n < cap) loss[n] = strtod(l + strlen("\"loss\": "), NULL);
+    n++;
+    if (c) {
+      c += strlen("\"comm\": \"");
+      snprintf(comm, len, "%.*s", (int)strcspn(c, "\""), c);
+    }
   }
   fclose(f);
+  return n;
 }
 
-/* Bytes that crossed mesh dim `dim` by `comm` (last_comm): its own group's and those of groups
+/* Bytes that crossed mesh dim `dim` by `comm` (read_log): its own group's and those of groups
  * over it and other dims. */
 static double dim_bytes(const char *comm, const char *dim) {
   static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -109,6 +183,106 @@ static double dim_bytes(const char *comm, const char *dim) {
       if (!strcmp(unit, units[u])) total += v;
   }
   return total;
+}
+
+/* Every tensor of file `ref` against the same in `got`: ||got - ref|| <= bound ||ref||. Writes
+ * the first that misses (or is missing) into msg; *worst gets the largest ratio seen. */
+static int compare_state(const char *got, const char *ref, double bound, double *worst, char *msg,
+                         size_t len) {
+  tsr_safetensors_t *a = NULL, *b = NULL;
+  int nbad = 0;
+  if (tsr_safetensors_open(got, &a) != TSR_OK || tsr_safetensors_open(ref, &b) != TSR_OK) {
+    snprintf(msg, len, "cannot read %s: %s", a ? ref : got, tsr_last_error());
+    tsr_safetensors_close(a);
+    return -1;
+  }
+  for (int i = 0; i < tsr_safetensors_count(b); i++) {
+    const char *name = tsr_safetensors_name(b, i);
+    tsr_tensor *x = NULL, *y = NULL;
+    double d2 = 0, r2 = 0;
+    bool ok = tsr_safetensors_has(a, name) &&
+              tsr_safetensors_read_as(a, name, TSR_F32, &x) == TSR_OK &&
+              tsr_safetensors_read_as(b, name, TSR_F32, &y) == TSR_OK &&
+              tsr_tensor_numel(x) == tsr_tensor_numel(y);
+    const float *px = ok ? tsr_tensor_data(x) : NULL, *py = ok ? tsr_tensor_data(y) : NULL;
+    for (int64_t k = 0; ok && k < tsr_tensor_numel(y); k++) {
+      double d = (double)px[k] - py[k];
+      d2 += d * d;
+      r2 += (double)py[k] * py[k];
+    }
+    double ratio = !ok ? INFINITY : r2 > 0 ? sqrt(d2 / r2) : d2 > 0 ? INFINITY : 0;
+    if (ratio > *worst) *worst = ratio;
+    if (!(ratio <= bound) && !nbad++) {
+      if (!ok)
+        snprintf(msg, len, "%s: missing, or of another shape", name);
+      else
+        snprintf(msg, len, "%s: ||got - 1 rank|| = %.2g ||1 rank||", name, ratio);
+    }
+    tsr_tensor_free(x);
+    tsr_tensor_free(y);
+  }
+  tsr_safetensors_close(a);
+  tsr_safetensors_close(b);
+  return nbad;
+}
+
+/* The run `got` (on `world` ranks, the plugin's dim first in `dim`) against the 1-rank run `ref`:
+ * the first step's dump, every step's loss, the parameters and AdamW moments after the last
+ * step, and bytes over the plugin's dim. */
+static cf_result l3_compare(const l3_files *got, const l3_files *ref, const char *dim, int world,
+                            char *msg, size_t len) {
+  int nref = 0, ngot = 0, nbad = 0;
+  if (!dump_complete(ref->dump, &nref) || !dump_complete(got->dump, &ngot))
+    return cf_say(msg, len, CF_FAIL,
+                  "a dump lacks logits, loss, grad.* or after.* (%d and %d tensors)", nref, ngot);
+  char report[2048] = "";
+  if (tsr_dump_compare(got->dump, ref->dump, L3_RTOL, L3_ATOL, report, sizeof report, &nbad) !=
+      TSR_OK)
+    return cf_say(msg, len, CF_FAIL, "cannot compare the dumps: %s", tsr_last_error());
+  report[strcspn(report, "\n")] = '\0';
+  if (nbad)
+    return cf_say(msg, len, CF_FAIL,
+                  "step 1: %d tensors differ from the 1-rank run (rtol %g, atol %g); first: %s",
+                  nbad, L3_RTOL, L3_ATOL, report);
+  double lg[L3_STEPS], lr[L3_STEPS];
+  char comm[1024], comm_ref[1024];
+  int sg = read_log(got->log, lg, L3_STEPS, comm, sizeof comm);
+  int sr = read_log(ref->log, lr, L3_STEPS, comm_ref, sizeof comm_ref);
+  if (sg != L3_STEPS || sr != L3_STEPS)
+    return cf_say(msg, len, CF_FAIL, "suite error: the training logs have %d and %d of %d steps",
+                  sg, sr, L3_STEPS);
+  for (int k = 0; k < L3_STEPS; k++)
+    if (getenv("TESSERA_CONFORM_ERRORS")) /* for measuring the bounds */
+      fprintf(stderr, "conform-l3-loss %.3g\n", fabs(lg[k] - lr[k]) / fabs(lr[k]));
+  for (int k = 0; k < L3_STEPS; k++)
+    if (!(fabs(lg[k] - lr[k]) <= L3_LOSS_RTOL * fabs(lr[k])))
+      return cf_say(msg, len, CF_FAIL, "step %d: loss %.7g, the 1-rank run's %.7g (rtol %g)%s",
+                    k + 1, lg[k], lr[k], L3_LOSS_RTOL,
+                    k ? ": the parameters the step before left differ; the losses before agree"
+                      : "");
+  double worst = 0;
+  char what[512];
+  const char *files[2][2] = {{got->ckpt, ref->ckpt}, {got->optim, ref->optim}};
+  for (int k = 0; k < 2; k++) {
+    nbad = compare_state(files[k][0], files[k][1], L3_REL_L2, &worst, what, sizeof what);
+    if (nbad < 0) return cf_say(msg, len, CF_FAIL, "after step %d: %s", L3_STEPS, what);
+    if (nbad)
+      return cf_say(msg, len, CF_FAIL,
+                    "after step %d, %d %s differ from the 1-rank run (relative L2 error above "
+                    "%g); first: %s",
+                    L3_STEPS, nbad, k ? "AdamW moments (exp_avg, exp_avg_sq)" : "parameters",
+                    L3_REL_L2, what);
+  }
+  if (getenv("TESSERA_CONFORM_ERRORS")) fprintf(stderr, "conform-l3-state %.3g\n", worst);
+  if (!(dim_bytes(comm, dim) > 0))
+    return cf_say(msg, len, CF_FAIL,
+                  "%d steps match the 1-rank run on %d ranks, but no bytes crossed %s (comm: "
+                  "%s): the model ran replicated on it, so the plugin split nothing over its dim",
+                  L3_STEPS, world, dim, comm[0] ? comm : "none");
+  return cf_say(msg, len, CF_PASS,
+                "%d steps match the 1-rank run on %d ranks (step 1's %d tensors, every loss, the "
+                "parameters and AdamW moments after step %d to %.1g); comm %s",
+                L3_STEPS, world, nref, L3_STEPS, worst, comm);
 }
 
 /* t->arg: "dims|shape|load|combo" with ';' between list entries; the first dim is the plugin's. */
@@ -129,11 +303,9 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
   for (char *c = load; *c; c++)
     if (*c == ';') *c = ',';
   bool combination = combo && !strcmp(combo, "combo");
-  /* in the test's own directory, which the driver removes even if this child is killed */
-  char ref[TSR_MAX_PATH + 16], got[TSR_MAX_PATH + 16], log[TSR_MAX_PATH + 16];
-  snprintf(ref, sizeof ref, "%s/ref.safetensors", cf_tmpdir);
-  snprintf(got, sizeof got, "%s/got.safetensors", cf_tmpdir);
-  snprintf(log, sizeof log, "%s/got.log", cf_tmpdir);
+  l3_files ref, got;
+  l3_files_in_tmp(&ref, "ref");
+  l3_files_in_tmp(&got, "got");
   static char text[8192];
   char extra[512] = "";
   int model;
@@ -141,12 +313,12 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
   cf_result res = CF_PASS;
   bool rejected;
   cf_job_text(text, sizeof text, 0, NULL, NULL, "", 2, "train", "");
-  if (run_job(text, ref, NULL, &rejected) != TSR_OK) {
+  if (l3_run(text, &ref, &rejected) != TSR_OK) {
     res = cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run failed: %s", tsr_last_error());
     goto done;
   }
   cf_job_text(text, sizeof text, nd, dims, shape, load, 2, "train", extra);
-  tsr_status st = run_job(text, got, log, &rejected);
+  tsr_status st = l3_run(text, &got, &rejected);
   if (st != TSR_OK) {
     /* beside other plugins, or with its keys changed, a refusal is a claim not made */
     bool unclaimed = (rejected || st == TSR_ENOTSUP) && (combination || t->item > 0);
@@ -154,41 +326,10 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
                  rejected ? "job refused" : "run failed", world, tsr_last_error());
     goto done;
   }
-  char report[2048] = "";
-  int nbad = 0, nref = 0, ngot = 0;
-  if (!dump_complete(ref, &nref) || !dump_complete(got, &ngot)) {
-    res = cf_say(msg, len, CF_FAIL,
-                 "a dump lacks logits, loss, grad.* or after.* (%d and %d "
-                 "tensors)",
-                 nref, ngot);
-    goto done;
-  }
-  if (tsr_dump_compare(got, ref, 1e-4, 1e-4, report, sizeof report, &nbad) != TSR_OK) {
-    res = cf_say(msg, len, CF_FAIL, "cannot compare the dumps: %s", tsr_last_error());
-    goto done;
-  }
-  report[strcspn(report, "\n")] = '\0';
-  char comm[1024];
-  last_comm(log, comm, sizeof comm);
-  if (nbad)
-    res = cf_say(msg, len, CF_FAIL,
-                 "%d tensors differ from the 1-rank run (rtol 1e-4, atol "
-                 "1e-4); first: %s",
-                 nbad, report);
-  else if (!(dim_bytes(comm, dims[0]) > 0))
-    res = cf_say(msg, len, CF_FAIL,
-                 "the step matches the 1-rank run on %d ranks, but no bytes crossed %s (comm: "
-                 "%s): the model ran replicated on it, so the plugin split nothing over its dim",
-                 world, dims[0], comm[0] ? comm : "none");
-  else
-    res = cf_say(msg, len, CF_PASS,
-                 "%d tensors (logits, loss, gradients, updated parameters) match the 1-rank run "
-                 "on %d ranks; comm %s",
-                 nref, world, comm);
+  res = l3_compare(&got, &ref, dims[0], world, msg, len);
 done:
-  unlink(ref);
-  unlink(got);
-  unlink(log);
+  l3_files_remove(&ref);
+  l3_files_remove(&got);
   return res;
 }
 
