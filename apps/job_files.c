@@ -135,6 +135,11 @@ tsr_status tsr_app_check_files(const tsr_config *c) {
   nin = 1;
   const char *colon = strchr(c->data.source, ':');
   if (colon && colon[1]) add(c, in, &nin, "data", "source", "", colon + 1, NULL);
+  /* the held-out data: its keys first, so that a source without a use is said so */
+  TSR_CHECK(tsr_train_eval_check(c));
+  const char *eval = tsr_config_ext_of(c)->eval.source;
+  colon = strchr(eval, ':');
+  if (colon && colon[1]) add(c, in, &nin, "eval", "source", "", colon + 1, NULL);
   char optim[TSR_TRAIN_PATH_LEN + 32];
   if (c->checkpoint.load[0]) {
     add(c, in, &nin, "checkpoint", "load", "", c->checkpoint.load, NULL);

@@ -222,8 +222,10 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   int32_t *ids = NULL, *labels = NULL;
   tsr_train_dump dump = {0};
   tsr_train_mem mem = {0, 0, 0};
+  tsr_train_eval ev = {0};
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(open_data(t, &data), st);
+  if (train) TSR_CHECK_GOTO(tsr_train_eval_open(t, &ev), st);
   tsr_data_set_step(data, t->start_step);
   TSR_CHECK_GOTO(tsr_tape_new(t->r, &tape), st);
   tsr_tape_set_recording(tape, train);
@@ -278,6 +280,11 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     if (lead) tsr_train_log_comm(&ctx->log, tsr_rank_comm(t->r));
     peak_range(t, all, &s.peak_bytes_min, &s.peak_bytes);
     if (lead) tsr_train_log_step(&ctx->log, &s);
+    if (tsr_train_eval_due(&ev, step, end)) {
+      tsr_train_eval_result er;
+      TSR_CHECK_GOTO(tsr_train_eval_run(t, &ev, step, ids, labels, &er), st);
+      if (lead) tsr_train_log_eval(&ctx->log, &er);
+    }
   }
   if (lead) tsr_train_log_end(&ctx->log);
   if (check) goto cleanup;
@@ -289,6 +296,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     TSR_CHECK_GOTO(agree(all, st), st);
   }
 cleanup:
+  tsr_train_eval_close(&ev);
   tsr_train_dump_free(&dump);
   tsr_tape_free(tape);
   tsr_data_close(data);

@@ -10,6 +10,7 @@
 #include "llama.h"
 #include "llama_pipe.h"
 #include "tessera/autograd.h"
+#include "tessera/io.h"
 #include "tessera/optim.h"
 #include "tessera/rank.h"
 
@@ -131,5 +132,33 @@ tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnor
 tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, const int32_t *ids,
                                            const int32_t *labels, bool train, tsr_train_dump *dump,
                                            double *loss);
+
+/* [eval] (train_eval.c): the loss on held-out data. */
+typedef struct tsr_train_eval {
+  tsr_data_t *data; /* NULL: no evaluation */
+  tsr_tape_t *tape; /* records nothing */
+  int64_t every, batches;
+  int64_t first; /* data position of the first held-out batch */
+} tsr_train_eval;
+
+typedef struct tsr_train_eval_result {
+  int64_t step;            /* the optimizer step after which it ran */
+  double loss, ppl;        /* mean of the batches' losses, and exp of it */
+  int64_t batches, tokens; /* evaluated */
+  double secs;
+} tsr_train_eval_result;
+
+/* The cross-checks of [eval]: a key that asks for evaluation without a source, evaluation in
+ * forward mode. TSR_EINVAL naming the key and the fix. */
+tsr_status tsr_train_eval_check(const tsr_config *c);
+/* Opens [eval] source (nothing to do without one: ev->data stays NULL). */
+tsr_status tsr_train_eval_open(tsr_train_rank *t, tsr_train_eval *ev);
+void tsr_train_eval_close(tsr_train_eval *ev);
+/* Whether an evaluation follows optimizer step `step` of a run that ends at `end`. */
+bool tsr_train_eval_due(const tsr_train_eval *ev, int64_t step, int64_t end);
+/* Runs ev->batches held-out batches forward on every rank (collective), in `ids` and `labels`
+ * (room for one batch). The training data position is not touched. */
+tsr_status tsr_train_eval_run(tsr_train_rank *t, tsr_train_eval *ev, int64_t step, int32_t *ids,
+                              int32_t *labels, tsr_train_eval_result *out);
 
 #endif

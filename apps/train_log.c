@@ -1,8 +1,10 @@
 /* The training log of rank 0. */
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
 #include "tessera/comm.h"
+#include "train.h"
 #include "train_log.h"
 
 static double now_s(void) {
@@ -157,5 +159,32 @@ void tsr_train_log_end(tsr_train_log *l) {
           (long long)l->steps_done, wall,
           (double)l->tokens_per_step * (double)l->steps_done / l->secs_total, l->loss_first,
           l->loss_last);
+  fflush(l->out);
+}
+
+/* A number for JSON, which has no NaN or Inf: null for those. */
+static const char *json_num(double v, const char *fmt, char *buf, size_t len) {
+  if (!isfinite(v)) return "null";
+  snprintf(buf, len, fmt, v);
+  return buf;
+}
+
+void tsr_train_log_eval(tsr_train_log *l, const tsr_train_eval_result *e) {
+  if (l->json) {
+    char a[64], b[64];
+    fprintf(l->out,
+            "{\"step\": %lld, \"eval_loss\": %s, \"eval_ppl\": %s, \"eval_batches\": %lld, "
+            "\"eval_tokens\": %lld, \"eval_secs\": %.6f}\n",
+            (long long)e->step, json_num(e->loss, "%.6f", a, sizeof a),
+            json_num(e->ppl, "%.6g", b, sizeof b), (long long)e->batches, (long long)e->tokens,
+            e->secs);
+    fflush(l->out);
+    return;
+  }
+  /* on a terminal the step line may be waiting to be rewritten: this one starts afresh */
+  fprintf(l->out, "%seval %*lld/%lld  loss %.4f  ppl %.3f  (%lld batches, %lld tokens, %.1f s)\n",
+          l->progress ? "\r\033[K" : "", e->step >= 1000 ? 5 : 3, (long long)e->step,
+          (long long)l->end_step, e->loss, e->ppl, (long long)e->batches, (long long)e->tokens,
+          e->secs);
   fflush(l->out);
 }

@@ -48,5 +48,8 @@ void tsr_train_log_begin(tsr_train_log *l, int64_t start_step, int64_t end_step)
 void tsr_train_log_comm(tsr_train_log *l, const tsr_comm_t *comm);
 void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s);
 void tsr_train_log_end(tsr_train_log *l);
+/* One line (or JSON object) for an evaluation on held-out data. */
+struct tsr_train_eval_result;
+void tsr_train_log_eval(tsr_train_log *l, const struct tsr_train_eval_result *e);
 
 #endif

@@ -401,8 +401,10 @@ static tsr_status parse(parse_state *ps, const char *name) {
                      "path may have; move the job file to a shorter path or run it from its "
                      "directory",
                      name, strlen(name), TSR_MAX_PATH - 1);
-  tsr_config *cfg = calloc(1, sizeof *cfg);
-  if (!cfg) return TSR_ERROR(TSR_ENOMEM, "out of memory reading %s", name);
+  /* the keys added since ABI 1.0 follow the frozen struct in the same allocation */
+  tsr_config_full *full = calloc(1, sizeof *full);
+  if (!full) return TSR_ERROR(TSR_ENOMEM, "out of memory reading %s", name);
+  tsr_config *cfg = &full->cfg;
   ps->cfg = cfg;
   snprintf(cfg->path, sizeof cfg->path, "%s", name);
   const char *slash = strrchr(name, '/');
@@ -481,6 +483,10 @@ tsr_status tsr_config_parse_string(const char *text, const char *name, tsr_confi
 
 void tsr_config_free(tsr_config *cfg) {
   free(cfg);
+}
+
+const tsr_config_ext *tsr_config_ext_of(const tsr_config *cfg) {
+  return &((const tsr_config_full *)cfg)->ext;
 }
 
 tsr_status tsr_config_check_world(const tsr_config *cfg, int world) {

@@ -26,6 +26,13 @@ typedef struct tsr_schema_entry {
   size_t count_offset; /* NAMES, INTS: of the int count in tsr_config */
 } tsr_schema_entry;
 
+/* What the core allocates for every config: the frozen public struct, then the keys added since
+ * ABI 1.0 (tsr_config_ext_of). The schema's offsets are from the start of this struct. */
+typedef struct tsr_config_full {
+  tsr_config cfg;
+  tsr_config_ext ext;
+} tsr_config_full;
+
 extern const tsr_schema_entry tsr_schema[];
 extern const int tsr_schema_len;
 

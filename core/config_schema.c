@@ -25,6 +25,19 @@
 #define KEY_ENUM(sec, k, field, def, choices, text)                                                \
   { {sec, {k, TSR_KEY_ENUM, def, 0, 0, choices, text}}, TSR_STORE_ENUM, OFF(field), 0, 0, 0 }
 
+/* Keys added since ABI 1.0 live in tsr_config_ext, after the frozen struct (config_internal.h). */
+#define XOFF(field) offsetof(tsr_config_full, ext.field)
+#define XSZ(field)  sizeof(((tsr_config_full *)0)->ext.field)
+#define XKEY_INT(sec, k, field, def, lo, hi, text)                                                 \
+  { {sec, {k, TSR_KEY_INT, def, lo, hi, NULL, text}}, TSR_STORE_I64, XOFF(field), 0, 0, 0 }
+#define XKEY_STRING(sec, k, field, def, text)                                                      \
+  {                                                                                                \
+    {sec, {k, TSR_KEY_STRING, def, 0, 0, NULL, text}}, TSR_STORE_CHARS, XOFF(field), XSZ(field),   \
+        0, 0                                                                                       \
+  }
+#define XKEY_ENUM(sec, k, field, def, choices, text)                                               \
+  { {sec, {k, TSR_KEY_ENUM, def, 0, 0, choices, text}}, TSR_STORE_ENUM, XOFF(field), 0, 0, 0 }
+
 /* [job] dtype stores the index of its choice "f32|bf16" as the tsr_dtype. */
 _Static_assert(TSR_F32 == 0 && TSR_BF16 == 1, "[job] dtype's choices must be tsr_dtype values");
 
@@ -130,11 +143,19 @@ const tsr_schema_entry tsr_schema[] = {
                "safetensors file of logits, loss, grads and updated params of step 1"),
     KEY_STRING("output", "trace", output.trace, "",
                "Chrome trace / Perfetto JSON of compute and communication per rank"),
+
+    XKEY_STRING("eval", "source", eval.source, "",
+                "held-out data, as [data] source (batch_size and seq_len from [data]); empty = "
+                "no evaluation"),
+    XKEY_INT("eval", "every", eval.every, "0", 0, 1e9,
+             "evaluate after every this many steps and after the last; 0 = after the last only"),
+    XKEY_INT("eval", "batches", eval.batches, "1", 1, 1e6,
+             "batches per evaluation, the same ones each time; the loss is their mean"),
 };
 const int tsr_schema_len = (int)(sizeof tsr_schema / sizeof tsr_schema[0]);
 
 const char *const tsr_schema_sections[] = {
-    "job", "mesh", "plugins", "model", "data", "optimizer", "checkpoint", "output", NULL,
+    "job", "mesh", "plugins", "model", "data", "optimizer", "checkpoint", "output", "eval", NULL,
 };
 
 int tsr_config_schema_count(void) {

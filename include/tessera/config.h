@@ -157,6 +157,21 @@ typedef struct tsr_config {
   } where[128];
 } tsr_config;
 
+/* Keys added since ABI 1.0. tsr_config is frozen for plugin ABI 1 (docs/abi.md: its size and
+ * every offset), so later keys live here: the core allocates this struct with every config
+ * (tsr_config_ext) and it only grows, by appending fields. The keys are also read by name, as
+ * any core key, through tsr_config_key_int and the other accessors below. */
+typedef struct tsr_config_ext {
+  struct {
+    char source[TSR_MAX_VALUE]; /* held-out data, as [data] source; "" = no evaluation */
+    int64_t every;              /* steps between evaluations; 0 = after the last step only */
+    int64_t batches;            /* batches per evaluation */
+  } eval;
+} tsr_config_ext;
+
+/* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */
+TSR_API const tsr_config_ext *tsr_config_ext_of(const tsr_config *cfg);
+
 /* Parses and validates the job file at `path` into a new config. On TSR_EINVAL (bad input) or
  * TSR_EIO (unreadable file) the last error holds every problem found, one per line. */
 TSR_API tsr_status tsr_config_load(const char *path, tsr_config **out);

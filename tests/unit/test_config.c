@@ -406,6 +406,35 @@ static void test_key_accessors(void **state) {
   tsr_config_free(cfg);
 }
 
+/* Keys added since ABI 1.0 live after the frozen struct (tsr_config_ext_of); they parse, take
+ * their defaults, take --set and read by name like any core key. */
+static void test_ext_keys(void **state) {
+  (void)state;
+  tsr_config *cfg = parse_ok("[job]\nsteps = 3\n");
+  const tsr_config_ext *x = tsr_config_ext_of(cfg);
+  assert_string_equal(x->eval.source, "");
+  assert_int_equal(x->eval.every, 0);
+  assert_int_equal(x->eval.batches, 1);
+  tsr_config_free(cfg);
+  cfg = parse_ok("[job]\nsteps = 3\n[eval]\nsource = text:held.txt\nevery = 50\nbatches = 4\n");
+  x = tsr_config_ext_of(cfg);
+  assert_string_equal(x->eval.source, "text:held.txt");
+  assert_int_equal(x->eval.every, 50);
+  assert_int_equal(x->eval.batches, 4);
+  assert_int_equal(tsr_config_line(cfg, "eval", "every"), 5);
+  int64_t v = 0;
+  assert_int_equal(tsr_config_key_int(cfg, "eval", "batches", &v), TSR_OK);
+  assert_int_equal(v, 4);
+  assert_int_equal(tsr_config_set(cfg, "eval.batches=7"), TSR_OK);
+  assert_int_equal(x->eval.batches, 7);
+  /* the frozen part is untouched */
+  assert_int_equal(cfg->job.steps, 3);
+  tsr_config_free(cfg);
+  expect_error("[eval]\nevery = -1\n", "[eval] every", "out of range", NULL);
+  expect_error("[eval]\nbatches = 0\n", "[eval] batches", "out of range", NULL);
+  expect_error("[eval]\nsorce = synthetic\n", "did you mean 'source'", NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -425,6 +454,7 @@ int main(void) {
       cmocka_unit_test(test_closest_name),
       cmocka_unit_test(test_mesh_accessors),
       cmocka_unit_test(test_key_accessors),
+      cmocka_unit_test(test_ext_keys),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,9 @@
+# Long runs (docs/training.md): evaluation on held-out data, non-finite guards, traces of any
+# mesh, metrics files, dumps of any step, and stopping on a signal.
+
+# [eval]: equal to the 1-rank evaluation under dp, tp, pp, ring_cp and pp x dp x tp; the training
+# the same with and without it; its keys' errors.
+add_test(NAME e2e_eval
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/eval.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
+          ${PROJECT_SOURCE_DIR}/examples/data/tessera-docs.txt ${E2E_OUT}/eval)
+set_tests_properties(e2e_eval PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "eval: ok")
