@@ -105,6 +105,56 @@ static tsr_status fail(tsr_plugin_report *rep, tsr_plugin_check check, const cha
   return tsr_error(TSR_EPLUGIN, "%s", rep->message);
 }
 
+/* Why another user than this process's (or root) could change what `st` describes: a file or a
+ * directory writable by every user (a directory with the sticky bit excepted: there only a
+ * file's owner may replace it), or one owned by another user who is not root. */
+typedef enum { TRUSTED, WORLD_WRITABLE, OTHER_OWNER } trust_problem;
+
+static trust_problem trust_of(const struct stat *st, bool dir) {
+  if ((st->st_mode & S_IWOTH) && !(dir && (st->st_mode & S_ISVTX))) return WORLD_WRITABLE;
+  if (st->st_uid != 0 && st->st_uid != geteuid()) return OTHER_OWNER;
+  return TRUSTED;
+}
+
+/* A plugin is code this process runs: refuse a file, or the directory holding it, that another
+ * user could replace, unless TESSERA_ALLOW_INSECURE_PLUGINS=1. Checks the file the path
+ * resolves to (symlinks followed) and that file's directory. */
+static tsr_status check_trust(const char *path, tsr_plugin_report *rep) {
+  const char *allow = getenv("TESSERA_ALLOW_INSECURE_PLUGINS");
+  if (allow && !strcmp(allow, "1")) return TSR_OK;
+  char real[PATH_MAX], dir[PATH_MAX];
+  if (!realpath(path, real))
+    return fail(rep, TSR_CHECK_OPEN, "cannot resolve the path: %s", strerror(errno));
+  snprintf(dir, sizeof dir, "%s", real);
+  char *slash = strrchr(dir, '/');
+  if (slash) slash[slash == dir ? 1 : 0] = '\0';
+  const char *paths[2] = {real, dir};
+  for (int i = 0; i < 2; i++) {
+    struct stat st;
+    if (stat(paths[i], &st) != 0)
+      return fail(rep, TSR_CHECK_OPEN, "cannot stat %s: %s", paths[i], strerror(errno));
+    const char *what = i ? "its directory" : "the file";
+    unsigned mode = (unsigned)(st.st_mode & 07777);
+    switch (trust_of(&st, i == 1)) {
+      case TRUSTED:
+        continue;
+      case WORLD_WRITABLE:
+        return fail(rep, TSR_CHECK_OPEN,
+                    "refused: %s %s is writable by every user (mode %04o), so anyone on this "
+                    "machine could change the code this job runs; chmod o-w %s%s, or set "
+                    "TESSERA_ALLOW_INSECURE_PLUGINS=1 to load it anyway",
+                    what, paths[i], mode, paths[i], i ? " (or chmod +t it)" : "");
+      case OTHER_OWNER:
+        return fail(rep, TSR_CHECK_OPEN,
+                    "refused: %s %s is owned by uid %u, not by root or this process's uid %u, so "
+                    "that user could change the code this job runs; chown it to root or uid %u, "
+                    "or set TESSERA_ALLOW_INSECURE_PLUGINS=1 to load it anyway",
+                    what, paths[i], (unsigned)st.st_uid, (unsigned)geteuid(), (unsigned)geteuid());
+    }
+  }
+  return TSR_OK;
+}
+
 static bool is_file(const char *path) {
   struct stat st;
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);
@@ -239,6 +289,8 @@ static tsr_status probe_open(const char *path, const char *want, tsr_plugin_repo
   FILE *f = fopen(path, "rb");
   if (!f) return fail(rep, TSR_CHECK_OPEN, "cannot open the file: %s", strerror(errno));
   fclose(f);
+  tsr_status trust = check_trust(path, rep);
+  if (trust != TSR_OK) return trust;
   /* RTLD_NOW: an unresolved symbol fails here, with the symbol's name, not mid-job. RTLD_LOCAL:
    * two plugins may use the same internal names. */
   void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);

@@ -1,11 +1,13 @@
 /* Plugin loader: each check against a fixture that fails it, the lifecycle order, and the mirror
  * plugin end to end. Fixtures are built by tests/plugins/CMakeLists.txt. */
+#define _DEFAULT_SOURCE /* mkdtemp, realpath, symlink */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -276,13 +278,99 @@ static void test_mirror_plugin(void **state) {
   tsr_plugin_set_free(set);
 }
 
+/* Copies fixture `name` into `dir` with mode 0755. */
+static void copy_fixture(const char *name, const char *dir, char *dst, size_t len) {
+  char src[TSR_MAX_PATH + 64];
+  snprintf(src, sizeof src, "%s/libtessera-%s.so", TSR_TEST_FIXTURE_DIR, name);
+  snprintf(dst, len, "%s/libtessera-%s.so", dir, name);
+  FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+  assert_non_null(in);
+  assert_non_null(out);
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, in)) > 0) assert_int_equal(fwrite(buf, 1, n, out), n);
+  fclose(in);
+  fclose(out);
+  assert_int_equal(chmod(dst, 0755), 0);
+}
+
+static void probe_refused(const char *path, const char *want) {
+  tsr_plugin_report rep;
+  assert_int_equal(tsr_plugin_probe(path, NULL, &rep), TSR_EPLUGIN);
+  assert_int_equal(rep.failed, TSR_CHECK_OPEN);
+  assert_contains(rep.message, want);
+  assert_contains(rep.message, "TESSERA_ALLOW_INSECURE_PLUGINS=1 to load it anyway");
+}
+
+/* A plugin file, or its directory, that another user could change is refused unless
+ * TESSERA_ALLOW_INSECURE_PLUGINS=1; a sticky directory writable by all is fine. */
+static void test_insecure_plugins(void **state) {
+  (void)state;
+  char tmpl[] = "/tmp/tsr_trust_XXXXXX", so[TSR_MAX_PATH + 64], want[TSR_MAX_PATH + 160];
+  assert_non_null(mkdtemp(tmpl));
+  char *dir = realpath(tmpl, NULL); /* the loader names the resolved path */
+  assert_non_null(dir);
+  assert_true(strlen(dir) < 256);
+  assert_int_equal(chmod(dir, 0755), 0);
+  copy_fixture("fix_ok_a", dir, so, sizeof so);
+  tsr_plugin_report rep;
+  assert_int_equal(tsr_plugin_probe(so, NULL, &rep), TSR_OK);
+
+  assert_int_equal(chmod(dir, 0757), 0);
+  snprintf(want, sizeof want, "its directory %s is writable by every user (mode 0757)", dir);
+  probe_refused(so, want);
+  assert_contains(tsr_last_error(), "fix_ok_a: refused: ");
+  assert_contains(tsr_last_error(), "; chmod o-w ");
+  /* a job that names it fails to load, naming the line */
+  const char *job = "[mesh]\ndims = fa\nshape = 2\n[plugins]\nload = fix_ok_a\n";
+  setenv("TESSERA_PLUGIN_PATH", dir, 1);
+  load_fails(job, TSR_EPLUGIN, "job.ini:5: [plugins] load: fix_ok_a: refused: its directory");
+  setenv("TESSERA_ALLOW_INSECURE_PLUGINS", "1", 1);
+  assert_int_equal(tsr_plugin_probe(so, NULL, &rep), TSR_OK);
+  assert_int_equal(load_job(job, NULL, NULL), TSR_OK);
+  setenv("TESSERA_ALLOW_INSECURE_PLUGINS", "yes", 1); /* only 1 opts out */
+  probe_refused(so, want);
+  unsetenv("TESSERA_ALLOW_INSECURE_PLUGINS");
+  setenv("TESSERA_PLUGIN_PATH", TSR_TEST_FIXTURE_DIR, 1);
+
+  assert_int_equal(chmod(dir, 01777), 0); /* sticky: only the owner replaces a file */
+  assert_int_equal(tsr_plugin_probe(so, NULL, &rep), TSR_OK);
+  assert_int_equal(chmod(dir, 0755), 0);
+  assert_int_equal(chmod(so, 0757), 0);
+  snprintf(want, sizeof want, "the file %s is writable by every user (mode 0757)", so);
+  probe_refused(so, want);
+  assert_int_equal(chmod(so, 0755), 0);
+
+  /* a symlink is followed: the file it names is what loads */
+  char link[TSR_MAX_PATH + 32];
+  snprintf(link, sizeof link, "%s/libtessera-fix_link.so", dir);
+  assert_int_equal(symlink(so, link), 0);
+  assert_int_equal(chmod(so, 0757), 0);
+  probe_refused(link, want);
+  assert_int_equal(chmod(so, 0755), 0);
+  unlink(link);
+
+  if (geteuid() == 0) { /* only root may give a file away */
+    assert_int_equal(chown(so, 65534, (gid_t)-1), 0);
+    snprintf(want, sizeof want, "the file %s is owned by uid 65534, not by root or", so);
+    probe_refused(so, want);
+    assert_int_equal(chown(so, 0, (gid_t)-1), 0);
+    assert_int_equal(chown(dir, 65534, (gid_t)-1), 0);
+    snprintf(want, sizeof want, "its directory %s is owned by uid 65534", dir);
+    probe_refused(so, want);
+  }
+  unlink(so);
+  rmdir(dir);
+  free(dir);
+}
+
 int main(void) {
   /* The fixtures live outside the default search path on purpose. */
   setenv("TESSERA_PLUGIN_PATH", TSR_TEST_FIXTURE_DIR, 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_probe_checks),    cmocka_unit_test(test_set_checks),
       cmocka_unit_test(test_lifecycle_order), cmocka_unit_test(test_search_and_discover),
-      cmocka_unit_test(test_mirror_plugin),
+      cmocka_unit_test(test_mirror_plugin),   cmocka_unit_test(test_insecure_plugins),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
