@@ -114,15 +114,18 @@ static const char *result_name(cf_result r) {
   return names[r];
 }
 
-/* The last non-empty line of a file, for a child that died without a verdict. */
-static void last_line(const char *path, char *out, size_t len) {
-  out[0] = '\0';
+/* The last non-empty line of a file, and the one before it, for a child that died without a
+ * verdict. */
+static void last_lines(const char *path, char *out, char *before, size_t len) {
+  out[0] = before[0] = '\0';
   FILE *f = fopen(path, "r");
   if (!f) return;
   char line[CF_MSG];
   while (fgets(line, sizeof line, f)) {
     line[strcspn(line, "\n")] = '\0';
-    if (line[0]) snprintf(out, len, "%s", line);
+    if (!line[0]) continue;
+    snprintf(before, len, "%s", out);
+    snprintf(out, len, "%s", line);
   }
   fclose(f);
 }
@@ -148,6 +151,43 @@ static void copy_file(const char *path, FILE *to) {
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, to);
   fclose(f);
+}
+
+#define CF_CRASH_PROG "tessera conform"
+
+/* The crash handler's line (apps/crash.c), "tessera conform: rank 1 crashed (SIGSEGV) in plugin
+ * P, op rule R (forward), step 2" or "tessera conform: crashed (SIGSEGV) outside the ranks, in
+ * plugin P, init", as "crashed: signal 11 (Segmentation fault) on rank 1 in plugin P, ...".
+ * False when `line` is not one. */
+static bool crash_report(const char *line, char *msg, size_t len) {
+  static const struct {
+    const char *name;
+    int sig;
+  } sigs[] = {{"SIGSEGV", SIGSEGV},
+              {"SIGBUS", SIGBUS},
+              {"SIGFPE", SIGFPE},
+              {"SIGABRT", SIGABRT},
+              {"SIGILL", SIGILL}};
+  size_t pl = strlen(CF_CRASH_PROG ": ");
+  const char *c = strstr(line, "crashed (");
+  if (strncmp(line, CF_CRASH_PROG ": ", pl) || !c) return false;
+  const char *name = c + strlen("crashed ("), *close = strchr(name, ')');
+  int sig = 0;
+  for (size_t i = 0; close && i < sizeof sigs / sizeof sigs[0]; i++)
+    if (strlen(sigs[i].name) == (size_t)(close - name) &&
+        !strncmp(name, sigs[i].name, (size_t)(close - name)))
+      sig = sigs[i].sig;
+  if (!sig) return false;
+  const char *who = line + pl, *where = close + 1;
+  if (!strncmp(where, " outside the ranks", 18)) where += 18;
+  while (*where == ',' || *where == ' ') where++;
+  int wl = c > who ? (int)(c - who - 1) : 0;
+  snprintf(msg, len, "crashed: signal %d (%s)%s%.*s%s%s", sig, strsignal(sig), wl > 0 ? " on " : "",
+           wl > 0 ? wl : 0, who, *where ? " in " : "", where);
+  /* "in in plugin" when the handler already wrote "in" */
+  char *dup = strstr(msg, " in in ");
+  if (dup) memmove(dup, dup + 3, strlen(dup + 3) + 1);
+  return true;
 }
 
 /* Runs fn in a child with a timeout. The verdict travels as one byte then the message. */
@@ -179,6 +219,9 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
     close(fds[0]);
     dup2(logfd, STDOUT_FILENO);
     dup2(logfd, STDERR_FILENO);
+    /* a fatal signal prints the crashing thread's breadcrumb (the plugin callback it ran) to the
+     * log and exits 1; crash_report turns that into the test's message */
+    tsr_app_crash_install(CF_CRASH_PROG);
     char msg[CF_MSG] = "";
     cf_result r = t->fn(p, t, msg, sizeof msg);
     char rb = (char)r;
@@ -231,8 +274,8 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
   close(fds[0]);
   close(logfd);
   o->secs = now_s() - t0;
-  char tail[CF_MSG];
-  last_line(logpath, tail, sizeof tail);
+  char tail[CF_MSG], before[CF_MSG];
+  last_lines(logpath, tail, before, sizeof tail);
   if (verbose) {
     fprintf(stderr, "---- output of %s ----\n", t->name);
     copy_file(logpath, stderr);
@@ -248,6 +291,10 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
     o->result = CF_FAIL;
     snprintf(o->msg, sizeof o->msg, "crashed: signal %d (%s)%s%s", sig, strsignal(sig),
              tail[0] ? "; last output: " : "", tail);
+  } else if (got == 0 && crash_report(tail, o->msg, sizeof o->msg)) {
+    o->result = CF_FAIL;
+    size_t l = strlen(o->msg);
+    if (before[0]) snprintf(o->msg + l, sizeof o->msg - l, "; last output before it: %s", before);
   } else if (got == 0) {
     o->result = CF_FAIL;
     snprintf(o->msg, sizeof o->msg, "exited with status %d without a verdict%s%s",
@@ -255,11 +302,17 @@ static void run_isolated(const cf_plugin *p, const cf_test *t, double timeout_s,
   } else {
     o->result = buf[0] >= CF_PASS && buf[0] <= CF_NOTSUP ? (cf_result)buf[0] : CF_FAIL;
     snprintf(o->msg, sizeof o->msg, "%s", buf + 1);
+    char crash[CF_MSG];
     if (WIFSIGNALED(status)) {
       /* It answered, then died on the way out (a destructor, a thread of the plugin). */
       size_t l = strlen(o->msg);
       snprintf(o->msg + l, sizeof o->msg - l, "%scrashed after the test: signal %d (%s)",
                l ? "; " : "", WTERMSIG(status), strsignal(WTERMSIG(status)));
+      o->result = CF_FAIL;
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) &&
+               crash_report(tail, crash, sizeof crash)) {
+      size_t l = strlen(o->msg);
+      snprintf(o->msg + l, sizeof o->msg - l, "%s%s after the test", l ? "; " : "", crash);
       o->result = CF_FAIL;
     }
   }

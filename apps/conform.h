@@ -216,6 +216,9 @@ cf_result cf_style_test(const cf_plugin *p, const cf_test *t, char *msg, size_t 
 cf_result cf_schedule_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
 /* Adds the L3 tests: the model alone and with the other in-tree plugins (conform_model.c). */
 void cf_add_model_tests(const cf_plugin *p);
+/* L1.jobs_isolated (conform_model.c): job 1 made, job 2 made and freed, then job 1 trained as L3
+ * trains the model, against the 1-rank run. */
+cf_result cf_jobs_isolated_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
 
 int tsr_cmd_conform(int argc, char **argv);
 

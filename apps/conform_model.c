@@ -226,9 +226,9 @@ static int compare_state(const char *got, const char *ref, double bound, double 
   return nbad;
 }
 
-/* The run `got` (on `world` ranks, the plugin's dim first in `dim`) against the 1-rank run `ref`:
- * the first step's dump, every step's loss, the parameters and AdamW moments after the last
- * step, and bytes over the plugin's dim. */
+/* The run `got` (on `world` ranks) against the 1-rank run `ref`: the first step's dump, every
+ * step's loss, the parameters and AdamW moments after the last step, and, unless `dim` is NULL,
+ * bytes over the plugin's dim `dim`. */
 static cf_result l3_compare(const l3_files *got, const l3_files *ref, const char *dim, int world,
                             char *msg, size_t len) {
   int nref = 0, ngot = 0, nbad = 0;
@@ -274,7 +274,7 @@ static cf_result l3_compare(const l3_files *got, const l3_files *ref, const char
                     L3_REL_L2, what);
   }
   if (getenv("TESSERA_CONFORM_ERRORS")) fprintf(stderr, "conform-l3-state %.3g\n", worst);
-  if (!(dim_bytes(comm, dim) > 0))
+  if (dim && !(dim_bytes(comm, dim) > 0))
     return cf_say(msg, len, CF_FAIL,
                   "%d steps match the 1-rank run on %d ranks, but no bytes crossed %s (comm: "
                   "%s): the model ran replicated on it, so the plugin split nothing over its dim",
@@ -330,6 +330,69 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
 done:
   l3_files_remove(&ref);
   l3_files_remove(&got);
+  return res;
+}
+
+cf_result cf_jobs_isolated_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  (void)t;
+  if (!p->loaded) return cf_say(msg, len, CF_FAIL, "does not load: %s", p->load_msg);
+  if (!p->ntest_dims) return cf_say(msg, len, CF_NOTSUP, "no dim to run the model on");
+  char load[512];
+  cf_load_list(p, load, sizeof load);
+  const char *dims[1] = {p->test_dims[0]};
+  int shape[1] = {2};
+  l3_files ref, got, other;
+  l3_files_in_tmp(&ref, "ref");
+  l3_files_in_tmp(&got, "job1");
+  l3_files_in_tmp(&other, "job2");
+  static char text[8192];
+  cf_result res;
+  bool rejected;
+  tsr_app_job job1, job2;
+  cf_job_text(text, sizeof text, 0, NULL, NULL, "", 2, "train", "");
+  if (l3_run(text, &ref, &rejected) != TSR_OK) {
+    res = cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run failed: %s", tsr_last_error());
+    goto done;
+  }
+  cf_job_text(text, sizeof text, 1, dims, shape, load, 2, "train", "");
+  if (l3_open(text, &got, &job1, &rejected) != TSR_OK) {
+    res = cf_say(msg, len, CF_FAIL, "job 1 (%s = 2) is refused: %s", dims[0], tsr_last_error());
+    goto done;
+  }
+  if (l3_open(text, &other, &job2, &rejected) != TSR_OK) {
+    res = cf_say(msg, len, CF_FAIL, "job 2, made while job 1 exists, is refused: %s",
+                 tsr_last_error());
+    l3_close(&job1);
+    goto done;
+  }
+  l3_close(&job2); /* fini of job 2 */
+  /* a crash from here on is reported with this line */
+  printf("running job 1 (%s = 2, %d steps) after job 2 was made and freed\n", dims[0], L3_STEPS);
+  fflush(stdout);
+  tsr_status st = l3_train(&job1, &got);
+  if (st != TSR_OK) {
+    res = cf_say(msg, len, CF_FAIL,
+                 "job 1 fails after a second job was made and freed (per-job state kept in a "
+                 "static?): %s",
+                 tsr_last_error());
+    l3_close(&job1);
+    goto done;
+  }
+  l3_close(&job1);
+  char why[CF_MSG];
+  res = l3_compare(&got, &ref, NULL, 2, why, sizeof why);
+  if (res == CF_FAIL)
+    res = cf_say(msg, len, CF_FAIL,
+                 "job 1, run after a second job was made and freed, no longer matches the 1-rank "
+                 "run (per-job state kept in a static?): %s",
+                 why);
+  else
+    res = cf_say(msg, len, res,
+                 "job 1 made, job 2 made and freed, then job 1's registrations run: %s", why);
+done:
+  l3_files_remove(&ref);
+  l3_files_remove(&got);
+  l3_files_remove(&other);
   return res;
 }
 
