@@ -95,7 +95,8 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
     TSR_CHECK_GOTO(loss_value(t, l, &v), st);
     /* a microbatch whose labels are all ignored has no loss (NaN, as F.cross_entropy) and no
      * gradient: it weighs nothing, so it adds nothing */
-    if (tsr_train_any_label(labels + k * rows * seq, rows * seq)) *loss += v / (double)accum;
+    if (tsr_train_any_label(labels + k * rows * seq, rows * seq))
+      *loss += tsr_train_part_loss(t, k, v) / (double)accum;
     if (dump && accum == 1) {
       TSR_CHECK_GOTO(tsr_train_dump_add(t, dump, "logits", logits->value), st);
       TSR_CHECK_GOTO(tsr_train_dump_add(t, dump, "loss", l->value), st);
@@ -133,8 +134,9 @@ static tsr_status dump_params(tsr_train_rank *t, tsr_train_dump *d, const char *
 }
 
 /* `mem`, when not NULL, receives the state bytes while gradients and moments both exist. */
-static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t step, double lr,
-                                 tsr_train_dump *dump, tsr_train_mem *mem, double *gnorm) {
+static tsr_status optimizer_step(tsr_train_rank *t, tsr_group_t *all, tsr_tape_t *tape,
+                                 int64_t step, double lr, tsr_train_dump *dump, tsr_train_mem *mem,
+                                 double *gnorm, bool *skip) {
   const tsr_config *c = t->job->cfg;
   const tsr_registry_t *reg = tsr_rank_registry(t->r);
   for (int i = 0; i < t->nopt; i++) {
@@ -150,13 +152,13 @@ static tsr_status optimizer_step(tsr_train_rank *t, tsr_tape_t *tape, int64_t st
     }
   if (dump) TSR_CHECK(dump_params(t, dump, "grad.", true));
   TSR_CHECK(tsr_train_clip_grads(t, c->optimizer.max_norm, gnorm));
-  /* every rank has the same norm: all stop here, before a NaN reaches a weight */
-  if (!isfinite(*gnorm))
-    return tsr_error(TSR_ENUMERIC,
-                     "step %lld: the gradient norm is %s: the run diverged and stops before the "
-                     "optimizer step; no checkpoint is written. Lower [optimizer] lr, raise "
-                     "warmup_steps or set max_norm, or resume from the last checkpoint",
-                     (long long)step, isnan(*gnorm) ? "NaN" : "Inf");
+  /* every rank has the same norm: all stop (or skip the update) here, before a NaN reaches a
+   * weight */
+  if (!isfinite(*gnorm)) {
+    TSR_CHECK(tsr_train_nonfinite(t, all, NULL, step, "gradient norm", *gnorm, skip));
+    if (dump) TSR_CHECK(dump_params(t, dump, "after.", false));
+    return TSR_OK;
+  }
   tsr_dtensor *vals[1024], *grads[1024];
   int nh = t->nparams < 1024 ? t->nparams : 1024;
   for (int i = 0; i < nh; i++) vals[i] = t->params[i]->value, grads[i] = t->params[i]->grad;
@@ -243,6 +245,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
     tsr_breadcrumb_here()->step = step; /* a crash report names the step */
     tsr_comm_bytes_reset(tsr_rank_comm(t->r));
+    t->bad_parts = 0;
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
     if (t->pipe)
       TSR_CHECK_GOTO(
@@ -251,20 +254,17 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     else
       TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss),
                      st);
+    TSR_CHECK_GOTO(tsr_train_test_poison(t, step), st);
     /* every rank has the batch's loss: all stop at once, with nothing saved over a good
-     * checkpoint */
+     * checkpoint, or all skip the update ([job] on_nonfinite) */
+    bool skip = false;
     if (!isfinite(loss)) {
-      st = tsr_error(TSR_ENUMERIC,
-                     "step %lld: the loss is %s: the run diverged and stops; no checkpoint is "
-                     "written. Lower [optimizer] lr, raise warmup_steps or set max_norm, check "
-                     "[optimizer] eps and the checkpoint loaded, or resume from the last "
-                     "checkpoint",
-                     (long long)step, isnan(loss) ? "NaN" : "Inf");
-      goto cleanup;
+      TSR_CHECK_GOTO(tsr_train_nonfinite(t, all, tape, step, "loss", loss, &skip), st);
+      gnorm = NAN;
     }
-    if (train)
-      TSR_CHECK_GOTO(optimizer_step(t, tape, step, lr, first ? &dump : NULL,
-                                    step == t->start_step + 1 ? &mem : NULL, &gnorm),
+    if (train && !skip)
+      TSR_CHECK_GOTO(optimizer_step(t, all, tape, step, lr, first ? &dump : NULL,
+                                    step == t->start_step + 1 ? &mem : NULL, &gnorm, &skip),
                      st);
     if (first) {
       st = tsr_train_dump_write(t, &dump);
@@ -276,7 +276,8 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
                               .lr = lr,
                               .grad_norm = gnorm,
                               .secs = now_s() - t0,
-                              .train = train};
+                              .train = train,
+                              .skipped = skip ? t->skipped : NULL};
     if (lead) tsr_train_log_comm(&ctx->log, tsr_rank_comm(t->r));
     peak_range(t, all, &s.peak_bytes_min, &s.peak_bytes);
     if (lead) tsr_train_log_step(&ctx->log, &s);

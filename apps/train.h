@@ -62,6 +62,10 @@ typedef struct tsr_train_rank {
   int nevents, cap_events;
   tsr_pipe_event *events; /* for [output] trace, every step's, times relative to the run */
   int64_t *event_steps;   /* (nevents) the optimizer step of each event */
+  /* [job] on_nonfinite (train_guard.c): the step's microbatches whose loss was not finite (how
+   * many, and the first), and the message of a skipped step, "" when none was */
+  int64_t bad_parts, bad_part;
+  char skipped[1024];
 } tsr_train_rank;
 
 /* True when one of the `n` labels is not the ignore index (-100): a microbatch without one has
@@ -132,6 +136,23 @@ tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnor
 tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, const int32_t *ids,
                                            const int32_t *labels, bool train, tsr_train_dump *dump,
                                            double *loss);
+
+/* [job] on_nonfinite (train_guard.c). Records that part `part` (microbatch or accumulation
+ * step) of the step's batch had `loss`, a non-finite one for the message, and returns the loss
+ * (NaN when the test hook below asks for it). */
+double tsr_train_part_loss(tsr_train_rank *t, int64_t part, double loss);
+/* The step's `what` ("loss" or "gradient norm") is `value`, not finite. Finds the first
+ * parameter whose gradient is not finite (resolving the gradients first when `tape` is given:
+ * the loss is checked before they are), then with on_nonfinite = stop (and in forward mode)
+ * returns TSR_ENUMERIC naming the step, the batch rows and that parameter; with skip_step drops
+ * the gradients, moves AdamW's step counter to `step` without an update, fills t->skipped with
+ * the same facts, sets *skip and returns TSR_OK. Collective over `all`. */
+tsr_status tsr_train_nonfinite(tsr_train_rank *t, tsr_group_t *all, tsr_tape_t *tape, int64_t step,
+                               const char *what, double value, bool *skip);
+/* Test hooks, TESSERA_TEST_NONFINITE in the environment: STEP:NAME makes the gradient of
+ * parameter NAME NaN on every rank holding a part of it after step STEP's backward (here);
+ * STEP:loss:K makes the loss of microbatch K (from 0) of step STEP NaN (tsr_train_part_loss). */
+tsr_status tsr_train_test_poison(tsr_train_rank *t, int64_t step);
 
 /* [eval] (train_eval.c): the loss on held-out data. */
 typedef struct tsr_train_eval {

@@ -30,6 +30,13 @@ static const char *flops_str(double f, char *buf, size_t len) {
   return buf;
 }
 
+/* A number for JSON, which has no NaN or Inf: null for those. */
+static const char *json_num(double v, const char *fmt, char *buf, size_t len) {
+  if (!isfinite(v)) return "null";
+  snprintf(buf, len, fmt, v);
+  return buf;
+}
+
 double tsr_train_flops_per_token(const tsr_llama_config *m, int64_t seq_len) {
   double n = (double)tsr_llama_num_params(m);
   if (!m->tie_word_embeddings) n -= (double)m->vocab_size * m->hidden_size;
@@ -110,13 +117,25 @@ void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
   double flops = tps * l->flops_per_token / (s->train ? 1.0 : 3.0);
   double mfu = l->peak_gflops > 0 ? flops / (l->peak_gflops * 1e9) : -1;
   if (l->json) {
+    char lb[64], gb[64];
     fprintf(l->out,
-            "{\"step\": %lld, \"loss\": %.6f, \"lr\": %.6g, \"grad_norm\": %.6g, \"secs\": %.6f, "
+            "{\"step\": %lld, \"loss\": %s, \"lr\": %.6g, \"grad_norm\": %s, \"secs\": %.6f, "
             "\"tokens_per_s\": %.1f, \"flops_per_s\": %.6g, \"mfu\": %.4f, \"peak_bytes\": %lld, "
             "\"peak_bytes_min\": %lld, "
-            "\"comm\": \"%s\"}\n",
-            (long long)s->step, s->loss, s->lr, s->grad_norm, s->secs, tps, flops, mfu,
+            "\"comm\": \"%s\"",
+            (long long)s->step, json_num(s->loss, "%.6f", lb, sizeof lb), s->lr,
+            json_num(s->grad_norm, "%.6g", gb, sizeof gb), s->secs, tps, flops, mfu,
             (long long)s->peak_bytes, (long long)s->peak_bytes_min, l->comm);
+    if (s->skipped) {
+      fputs(", \"skipped\": \"", l->out);
+      for (const char *p = s->skipped; *p; p++)
+        if (*p == '"' || *p == '\\')
+          fprintf(l->out, "\\%c", *p);
+        else if ((unsigned char)*p >= 0x20)
+          fputc(*p, l->out);
+      fputc('"', l->out);
+    }
+    fputs("}\n", l->out);
     fflush(l->out);
     return;
   }
@@ -145,10 +164,11 @@ void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
     int64_t total = l->end_step - l->first_step, done = s->step - l->first_step;
     int64_t every = total / 10 > 0 ? total / 10 : 1;
     double eta = l->secs_total / (double)done * (double)(total - done);
-    bool keep = done == 1 || done % every == 0 || done == total;
+    bool keep = done == 1 || done % every == 0 || done == total || s->skipped;
     fprintf(l->out, "\r\033[K%s  ETA %d:%02d%s", line, (int)(eta / 60), (int)eta % 60,
             keep ? "\n" : "");
   }
+  if (s->skipped) fprintf(l->out, "%s\n", s->skipped);
   fflush(l->out);
 }
 
@@ -160,13 +180,6 @@ void tsr_train_log_end(tsr_train_log *l) {
           (double)l->tokens_per_step * (double)l->steps_done / l->secs_total, l->loss_first,
           l->loss_last);
   fflush(l->out);
-}
-
-/* A number for JSON, which has no NaN or Inf: null for those. */
-static const char *json_num(double v, const char *fmt, char *buf, size_t len) {
-  if (!isfinite(v)) return "null";
-  snprintf(buf, len, fmt, v);
-  return buf;
 }
 
 void tsr_train_log_eval(tsr_train_log *l, const tsr_train_eval_result *e) {

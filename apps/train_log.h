@@ -33,6 +33,7 @@ typedef struct tsr_train_step_stats {
   int64_t peak_bytes;     /* allocator peak, max over ranks */
   int64_t peak_bytes_min; /* allocator peak, min over ranks */
   bool train;
+  const char *skipped; /* [job] on_nonfinite = skip_step: why the update was skipped; or NULL */
 } tsr_train_step_stats;
 
 /* FLOPs of training on one token, as docs/design.md §8 counts them: 6·N + 6·L·h·s, with N the

@@ -1,6 +1,7 @@
 /* The training loop's pipeline path: the schedule of the plugin that owns `pp`, run per
  * accumulation step by tsr_llama_pipe_step; the dump's logits and loss of the whole batch; the
  * [output] trace; the timeline `tessera plan` prints. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,13 +88,15 @@ tsr_status tsr_train_tied_grad_sync(tsr_train_rank *t) {
 
 tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnorm) {
   /* the norm over the parameters alone: the replica's gradient equals the embedding's */
-  TSR_CHECK(tsr_clip_grad_norm(t->r, t->job->mesh, t->nparams, t->params, max_norm, gnorm));
-  if (max_norm <= 0.0) return TSR_OK;
+  TSR_CHECK(tsr_grad_norm(t->r, t->job->mesh, t->nparams, t->params, gnorm));
+  /* a NaN or Inf norm scales nothing: the gradients stay as they were, so that [job]
+   * on_nonfinite can name the first one that is not finite */
+  if (max_norm <= 0.0 || !isfinite(*gnorm)) return TSR_OK;
   float coef = tsr_kernel_clip_coef(*gnorm, max_norm);
   if (coef >= 1.0f) return TSR_OK; /* as tsr_clip_grad_norm: x * 1 is x */
-  for (int i = t->nparams; i < t->nopt; i++) {
+  /* every gradient, the replica's too, scaled as tsr_clip_grad_norm scales them, on its device */
+  for (int i = 0; i < t->nopt; i++) {
     tsr_dtensor *g = t->params[i]->grad;
-    /* on the gradient's device, as tsr_clip_grad_norm scales the others */
     if (g && g->local) TSR_CHECK(tsr_tensor_scale(g->local, coef));
   }
   return TSR_OK;
@@ -137,7 +140,8 @@ tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, cons
                                        train, dump != NULL, &res),
                    st);
     /* as in train.c: a microbatch of ignored labels only adds nothing */
-    if (tsr_train_any_label(labels + k * rows * seq, rows * seq)) *loss += res.loss / (double)accum;
+    if (tsr_train_any_label(labels + k * rows * seq, rows * seq))
+      *loss += tsr_train_part_loss(t, k, res.loss) / (double)accum;
     if (res.peak_in_flight > t->peak_in_flight) t->peak_in_flight = res.peak_in_flight;
     st = keep_events(t, step, &res);
     if (lead && dump) {

@@ -38,6 +38,10 @@
 #define XKEY_ENUM(sec, k, field, def, choices, text)                                               \
   { {sec, {k, TSR_KEY_ENUM, def, 0, 0, choices, text}}, TSR_STORE_ENUM, XOFF(field), 0, 0, 0 }
 
+_Static_assert(TSR_NONFINITE_STOP == 0 && TSR_NONFINITE_SKIP == 1,
+               "[job] on_nonfinite's choices must be tsr_on_nonfinite values");
+_Static_assert(sizeof(tsr_on_nonfinite) == sizeof(int), "an enum key is stored as an int");
+
 /* [job] dtype stores the index of its choice "f32|bf16" as the tsr_dtype. */
 _Static_assert(TSR_F32 == 0 && TSR_BF16 == 1, "[job] dtype's choices must be tsr_dtype values");
 
@@ -67,6 +71,10 @@ const tsr_schema_entry tsr_schema[] = {
               "a collective that waits longer than this fails, listing the missing ranks"),
     KEY_INT("job", "world_size", job.world_size, "0", 0, 1048576,
             "expected number of ranks; 0 = the product of [mesh] shape"),
+    XKEY_ENUM("job", "on_nonfinite", job.on_nonfinite, "stop", "stop|skip_step",
+              "a step whose loss or gradient norm is NaN or Inf: stop = the run stops there with "
+              "exit 1, saving nothing; skip_step = that step's update is skipped and the run goes "
+              "on"),
 
     {{"mesh",
       {"dims", TSR_KEY_NAMES, "dp", 0, 0, NULL,

@@ -161,12 +161,22 @@ typedef struct tsr_config {
  * every offset), so later keys live here: the core allocates this struct with every config
  * (tsr_config_ext) and it only grows, by appending fields. The keys are also read by name, as
  * any core key, through tsr_config_key_int and the other accessors below. */
+typedef enum tsr_on_nonfinite {
+  TSR_NONFINITE_STOP = 0, /* stop the run at that step, saving nothing */
+  TSR_NONFINITE_SKIP = 1, /* skip that step's update and go on */
+} tsr_on_nonfinite;
+
 typedef struct tsr_config_ext {
   struct {
     char source[TSR_MAX_VALUE]; /* held-out data, as [data] source; "" = no evaluation */
     int64_t every;              /* steps between evaluations; 0 = after the last step only */
     int64_t batches;            /* batches per evaluation */
   } eval;
+  struct {
+    /* a step whose loss or gradient norm is NaN or Inf: "stop|skip_step", whose indices are
+     * these values */
+    tsr_on_nonfinite on_nonfinite;
+  } job;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

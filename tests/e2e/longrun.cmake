@@ -7,3 +7,10 @@ add_test(NAME e2e_eval
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/eval.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
           ${PROJECT_SOURCE_DIR}/examples/data/tessera-docs.txt ${E2E_OUT}/eval)
 set_tests_properties(e2e_eval PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "eval: ok")
+
+# [job] on_nonfinite: stop names the step, the rows and the first non-finite gradient; skip_step
+# skips exactly that update, on 1 and 8 ranks alike (gradients and losses made NaN on purpose).
+add_test(NAME e2e_guard
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/guard.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
+          ${E2E_OUT}/guard)
+set_tests_properties(e2e_guard PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "guard: ok")
