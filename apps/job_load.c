@@ -11,8 +11,9 @@
 #include "train.h"
 
 /* What the job asks of this process and machine: a backend built in, a device present, a local
- * world the threads of one process can hold. TSR_ENOTSUP (exit 1) for what this build or machine
- * lacks, TSR_EINVAL (exit 2) for a job the backend cannot run. */
+ * world the threads of one process can hold, no MPI launcher around a local job. TSR_ENOTSUP
+ * (exit 1) for what this build or machine lacks, TSR_EINVAL (exit 2) for a job the backend
+ * cannot run. */
 static tsr_status check_backend(const tsr_config *c) {
   char where[TSR_MAX_PATH + 160];
   bool local = !strcmp(c->job.backend, "local"), mpi = !strcmp(c->job.backend, "mpi"),
@@ -40,6 +41,24 @@ static tsr_status check_backend(const tsr_config *c) {
                             "process, at most %d; use backend = mpi (one process per rank) or a "
                             "smaller mesh",
                             (long long)c->mesh.world, TSR_LOCAL_MAX_RANKS);
+  /* `mpirun -np 2 tessera run` of a local job would run the whole job twice, both copies
+   * writing the same checkpoint: the launcher's environment says when this process is one of
+   * several */
+  const char *var = NULL;
+  int procs = tsr_mpi_env_size(&var), rank = tsr_mpi_env_rank();
+  if (local && (procs > 1 || rank > 0)) {
+    char seen[64];
+    if (procs > 1)
+      snprintf(seen, sizeof seen, "%s=%d", var, procs);
+    else
+      snprintf(seen, sizeof seen, "rank %d", rank);
+    return tsr_config_error(c, TSR_EINVAL, "job", "backend",
+                            "local, but an MPI launcher started this process as one of several "
+                            "(%s): each would run the whole job as threads and write the same "
+                            "files. Set backend = mpi to run one rank per process (mpirun -np "
+                            "%lld, the mesh's ranks), or start tessera without the launcher",
+                            seen, (long long)c->mesh.world);
+  }
   return TSR_OK;
 }
 

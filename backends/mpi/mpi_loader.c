@@ -9,6 +9,7 @@
  * The handle is process-wide state on purpose: one process is one rank under this backend. */
 
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -30,6 +31,21 @@ int tsr_mpi_env_rank(void) {
     char *end = NULL;
     long r = s && *s ? strtol(s, &end, 10) : -1;
     if (s && *s && end && *end == '\0' && r >= 0) return (int)r;
+  }
+  return -1;
+}
+
+int tsr_mpi_env_size(const char **var) {
+  /* Open MPI, MPICH/Hydra and Intel MPI, MVAPICH */
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+    const char *s = getenv(vars[i]);
+    char *end = NULL;
+    long n = s && *s ? strtol(s, &end, 10) : -1;
+    if (s && *s && end && *end == '\0' && n >= 1 && n <= INT_MAX) {
+      if (var) *var = vars[i];
+      return (int)n;
+    }
   }
   return -1;
 }

@@ -46,6 +46,10 @@ tsr_status tsr_mpi_launch(int world, double timeout_s, tsr_rank_fn fn, void *arg
 /* This process's rank as mpirun, srun or another PMI launcher set it in the environment, or -1
  * when the process was not started by one. Needs no MPI. */
 int tsr_mpi_env_rank(void);
+/* The number of processes an MPI launcher started (mpirun, mpiexec: OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE, MV2_COMM_WORLD_SIZE), or -1 when none says. *var, when not NULL, receives the name of
+ * the variable read. Needs no MPI. */
+int tsr_mpi_env_size(const char **var);
 /* Whether this build has the backend (Open MPI was found at configure time). */
 bool tsr_mpi_loader_built(void);
 /* dlopens libtessera-mpi.so and calls its tsr_mpi_launch. */

@@ -60,3 +60,10 @@ add_test(NAME e2e_plan_refuses
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/plan_refuses.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
           ${E2E_OUT}/plan_refuses)
 set_tests_properties(e2e_plan_refuses PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "plan refuses: ok")
+
+# backend = local under an MPI launcher of several processes is refused, naming backend = mpi:
+# each process would run the whole job and write the same files.
+add_test(NAME e2e_mpi_env
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mpi_env.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
+          ${E2E_OUT}/mpi_env)
+set_tests_properties(e2e_mpi_env PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "mpi env: ok")
