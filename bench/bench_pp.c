@@ -101,7 +101,8 @@ int main(int argc, char **argv) {
       {"zero_bubble", "bench", tsr_pp_zero_bubble, NULL}};
   static const int chunks[4] = {1, 1, 2, 1};
   tsr_registry_t *reg = NULL;
-  if (tsr_registry_new(&reg) != TSR_OK || tsr_registry_set_stage_dim(reg, "bench", "pp") != TSR_OK) {
+  if (tsr_registry_new(&reg) != TSR_OK ||
+      tsr_registry_set_stage_dim(reg, "bench", "pp") != TSR_OK) {
     fprintf(stderr, "bench_pp: %s\n", tsr_last_error());
     return 1;
   }
@@ -112,9 +113,12 @@ int main(int argc, char **argv) {
          "step ms", "W share");
   for (int s = 0; s < 4; s++)
     for (int pp = 2; pp <= 4; pp *= 2) {
-      bench_ctx b = {
-          .pp = pp, .hidden = hidden, .seq = seq, .sched = &scheds[s], .reg = reg,
-          .chunks = chunks[s]};
+      bench_ctx b = {.pp = pp,
+                     .hidden = hidden,
+                     .seq = seq,
+                     .sched = &scheds[s],
+                     .reg = reg,
+                     .chunks = chunks[s]};
       if (tsr_local_launch(pp, 120.0, run, &b) != TSR_OK) {
         fprintf(stderr, "bench_pp: %s\n", tsr_last_error());
         return 1;

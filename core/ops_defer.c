@@ -14,8 +14,8 @@ struct tsr_op_deferral {
 };
 
 tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninputs,
-                                const tsr_dtensor *const *inputs, const void *attrs,
-                                int noutputs, tsr_dtensor **outputs, tsr_op_deferral **out) {
+                                const tsr_dtensor *const *inputs, const void *attrs, int noutputs,
+                                tsr_dtensor **outputs, tsr_op_deferral **out) {
   *out = NULL;
   const tsr_registry_t *reg = tsr_rank_registry(r);
   const tsr_mesh_t *m = inputs[0]->mesh;
@@ -35,8 +35,8 @@ tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninp
       return TSR_ERROR(TSR_ENOTSUP,
                        "%s handed on from mesh dim '%s': both '%s' (mesh dim '%s') and '%s' "
                        "(mesh dim '%s') communicate; one rule can take the call",
-                       op, tsr_mesh_dim_name(m, dim), found->name,
-                       tsr_mesh_dim_name(m, found_dim), rule->name, tsr_mesh_dim_name(m, i));
+                       op, tsr_mesh_dim_name(m, dim), found->name, tsr_mesh_dim_name(m, found_dim),
+                       rule->name, tsr_mesh_dim_name(m, i));
     found = rule;
     found_dim = i;
   }
@@ -47,8 +47,8 @@ tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninp
   d->dim = found_dim;
   d->owner = tsr_registry_op_rule_owner(reg, found);
   tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(d->owner, "op rule", found->name, "forward");
-  tsr_status st = found->compute(r, found_dim, ninputs, inputs, attrs, noutputs, outputs,
-                                 &d->saved, found->ctx);
+  tsr_status st = found->compute(r, found_dim, ninputs, inputs, attrs, noutputs, outputs, &d->saved,
+                                 found->ctx);
   tsr_breadcrumb_leave(&crumb);
   if (st != TSR_OK) {
     tsr_op_deferral_free(d);
@@ -60,8 +60,8 @@ tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninp
 }
 
 tsr_status tsr_op_defer_backward(tsr_rank_t *r, const tsr_op_deferral *d, int ninputs,
-                                 const tsr_dtensor *const *inputs, const void *attrs,
-                                 int noutputs, const tsr_dtensor *const *outputs,
+                                 const tsr_dtensor *const *inputs, const void *attrs, int noutputs,
+                                 const tsr_dtensor *const *outputs,
                                  const tsr_dtensor *const *grad_outputs,
                                  tsr_dtensor **grad_inputs) {
   if (!d) return TSR_ERROR(TSR_EINVAL, "no op was handed on: nothing to differentiate");

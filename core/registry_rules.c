@@ -11,12 +11,12 @@
 #include "vocab_impl.h"
 
 typedef struct rule_tables {
-  tsr_vec ops;        /* tsr_op_rule */
-  tsr_vec styles;     /* tsr_module_style */
-  tsr_vec scheds;     /* tsr_schedule */
-  tsr_vec hooks;      /* tsr_optim_hook */
-  tsr_vec grad_hooks; /* tsr_grad_hook */
-  tsr_vec rank_states; /* tsr_rank_state_spec */
+  tsr_vec ops;                         /* tsr_op_rule */
+  tsr_vec styles;                      /* tsr_module_style */
+  tsr_vec scheds;                      /* tsr_schedule */
+  tsr_vec hooks;                       /* tsr_optim_hook */
+  tsr_vec grad_hooks;                  /* tsr_grad_hook */
+  tsr_vec rank_states;                 /* tsr_rank_state_spec */
   const char *stage_dim, *stage_owner; /* tsr_registry_set_stage_dim; NULL until set */
 } rule_tables;
 
@@ -208,8 +208,8 @@ tsr_status tsr_registry_add_module_style(tsr_registry_t *reg, const tsr_module_s
   return tsr_vec_push(&t->styles, style, sizeof *style);
 }
 
-tsr_status tsr_registry_add_data_split(tsr_registry_t *reg, const char *owner,
-                                      const char *mesh_dim, tsr_placement split) {
+tsr_status tsr_registry_add_data_split(tsr_registry_t *reg, const char *owner, const char *mesh_dim,
+                                       tsr_placement split) {
   if (split.kind != TSR_SHARD || (split.dim != 0 && split.dim != 1)) {
     char one[32];
     return TSR_ERROR(TSR_EINVAL,

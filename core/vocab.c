@@ -23,9 +23,8 @@ static const tsr_vocab_op ops[] = {
 };
 
 static const char *const op_names[] = {
-    TSR_OP_EMBEDDING, TSR_OP_RMSNORM, TSR_OP_LINEAR,        TSR_OP_ROPE,
-    TSR_OP_SDPA,      TSR_OP_ADD,     TSR_OP_SWIGLU,        TSR_OP_CROSS_ENTROPY,
-    NULL,
+    TSR_OP_EMBEDDING, TSR_OP_RMSNORM, TSR_OP_LINEAR,        TSR_OP_ROPE, TSR_OP_SDPA,
+    TSR_OP_ADD,       TSR_OP_SWIGLU,  TSR_OP_CROSS_ENTROPY, NULL,
 };
 
 static const char *const style_names[] = {

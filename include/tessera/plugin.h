@@ -115,8 +115,7 @@ typedef struct tsr_strategy {
   /* Optional. Runs once after every loaded plugin has registered, to check what the job names
    * against what was registered (a schedule another plugin added, for example); report failures
    * with tsr_config_error, listing the registered choices. */
-  tsr_status (*check_registry)(const tsr_registry_t *reg, const tsr_plugin_args *args,
-                               void *state);
+  tsr_status (*check_registry)(const tsr_registry_t *reg, const tsr_plugin_args *args, void *state);
 } tsr_strategy;
 
 /* True when descriptor `d` was built with `field` (a member appended after ABI 1.0). */

@@ -74,9 +74,10 @@ TSR_API const char *const *tsr_module_style_names(void);
 /* ---- Op sharding rules ----
  * A rule says, for one op on one mesh dim, which input placements it accepts, what the local
  * computation is and what placements the outputs get, e.g. linear on tp (x, weight (OC, C)):
- * R·S(0) -> S(-1) (column-parallel), S(-1)·S(1) -> P(sum) (row-parallel). Lookup is by (op, mesh dim, input placements); newer
- * registrations win, and a rule for a named dim wins over one for any dim. No rule is an error
- * for the caller to report (naming the op, the dim and the placements), never a silent gather. */
+ * R·S(0) -> S(-1) (column-parallel), S(-1)·S(1) -> P(sum) (row-parallel). Lookup is by (op, mesh
+ * dim, input placements); newer registrations win, and a rule for a named dim wins over one for any
+ * dim. No rule is an error for the caller to report (naming the op, the dim and the placements),
+ * never a silent gather. */
 #define TSR_MAX_OP_INPUTS  4
 #define TSR_MAX_OP_OUTPUTS 2
 
@@ -169,8 +170,7 @@ typedef struct tsr_op_deferral tsr_op_deferral; /* opaque: the rule found and it
  * computes the op itself); TSR_ENOTSUP when two dims have one, naming both rules. */
 TSR_API tsr_status tsr_op_defer_forward(tsr_rank_t *r, const char *op, int dim, int ninputs,
                                         const tsr_dtensor *const *inputs, const void *attrs,
-                                        int noutputs, tsr_dtensor **outputs,
-                                        tsr_op_deferral **out);
+                                        int noutputs, tsr_dtensor **outputs, tsr_op_deferral **out);
 /* The backward of the rule tsr_op_defer_forward ran, with the same inputs and outputs. */
 TSR_API tsr_status tsr_op_defer_backward(tsr_rank_t *r, const tsr_op_deferral *d, int ninputs,
                                          const tsr_dtensor *const *inputs, const void *attrs,

@@ -114,7 +114,8 @@ typedef struct param_spec {
 
 /* The style for (style, mesh dim). k_proj and v_proj are column linears that a strategy may place
  * apart from q_proj (tensor parallelism keeps them whole when it has more ranks than kv heads):
- * they are TSR_STYLE_KV_LINEAR where a strategy registered that style, TSR_STYLE_COLUMN_LINEAR elsewhere. */
+ * they are TSR_STYLE_KV_LINEAR where a strategy registered that style, TSR_STYLE_COLUMN_LINEAR
+ * elsewhere. */
 /* The mesh dim the layers are split over in stages, as its owner declared it; "" (no dim has
  * that name) when none did and the model is one stage. */
 static const char *stage_dim(const tsr_rank_t *r) {
@@ -471,8 +472,7 @@ static void data_placements(const tsr_llama_t *m, const tsr_mesh_t *mesh, bool h
                             tsr_placement *p) {
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
     const tsr_module_style *s = find_style(m, TSR_STYLE_EMBEDDING, tsr_mesh_dim_name(mesh, i));
-    p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? (hidden ? s->output : s->input)
-                                               : tsr_replicate();
+    p[i] = s && tsr_mesh_dim_size(mesh, i) > 1 ? (hidden ? s->output : s->input) : tsr_replicate();
   }
 }
 

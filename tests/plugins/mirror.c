@@ -24,8 +24,7 @@ static const tsr_key_spec mirror_keys[] = {
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
 
-static const char *const mirror_styles[] = {"column_linear", "row_linear", "embedding",
-                                            "rmsnorm"};
+static const char *const mirror_styles[] = {"column_linear", "row_linear", "embedding", "rmsnorm"};
 
 static tsr_status mirror_validate(const tsr_plugin_args *args) {
   int64_t every;

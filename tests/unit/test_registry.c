@@ -336,12 +336,9 @@ static void test_rank_state(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_op_rules),
-      cmocka_unit_test(test_vocabulary_refusals),
-      cmocka_unit_test(test_rank_state),
-      cmocka_unit_test(test_module_styles),
-      cmocka_unit_test(test_schedules),
-      cmocka_unit_test(test_optim_hooks),
+      cmocka_unit_test(test_op_rules),   cmocka_unit_test(test_vocabulary_refusals),
+      cmocka_unit_test(test_rank_state), cmocka_unit_test(test_module_styles),
+      cmocka_unit_test(test_schedules),  cmocka_unit_test(test_optim_hooks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
