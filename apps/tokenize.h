@@ -35,7 +35,7 @@ typedef struct tsr_corpus_opts {
 typedef struct tsr_corpus_stats {
   uint64_t bytes, docs, empty, tokens;
   uint32_t head, tail;
-  double seconds;
+  double seconds, cpu_seconds; /* wall time and CPU time (all threads) of the pipeline */
 } tsr_corpus_stats;
 
 /* Tokenizes the inputs into the token file and its index, each written to a temporary beside it

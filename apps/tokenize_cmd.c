@@ -5,13 +5,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cJSON.h>
+
 #include "app.h"
 #include "tessera/kernels.h"
 #include "tokenize.h"
 
 static const char tokenize_usage[] =
     "usage: tessera tokenize TOKENIZER.json -o OUT [options] FILE...\n"
-    "       tessera tokenize TOKENIZER.json --text STRING [--no-special] [--split-special]\n"
+    "       tessera tokenize TOKENIZER.json --text STRING [--pieces] [--no-special]\n"
     "\n"
     "Encodes text files and JSONL files with a Hugging Face tokenizer.json (byte-level BPE as\n"
     "GPT-2 and Llama 3, or SentencePiece-style BPE as Llama 2 and Mistral) into OUT, a token\n"
@@ -39,6 +41,8 @@ static const char tokenize_usage[] =
     "  --threads N            encoding threads (default: the cores this process may use)\n"
     "  --no-progress          no progress line even on a terminal\n"
     "  --text STRING          print the ids of STRING and exit\n"
+    "  --pieces               with --text: print the pieces the normalizers and pre-tokenizers\n"
+    "                         cut STRING into (a JSON array) instead of its ids\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure (out of memory), 2 bad input (an unsupported\n"
     "            tokenizer component, an unreadable or malformed input, file:line named)\n";
@@ -55,14 +59,29 @@ static int fail(tsr_status s) {
   return tsr_app_exit_code(s);
 }
 
-static int print_ids(const tsr_tokenizer_t *tok, const char *text, unsigned flags) {
+/* --text: the ids of one string, or with --pieces what the model is given (a JSON array, so
+ * that white space shows). */
+static int print_ids(const tsr_tokenizer_t *tok, const char *text, unsigned flags, bool pieces) {
   tsr_tok_encoder_t *enc;
   tsr_status s = tsr_tok_encoder_new(tok, &enc);
   if (s != TSR_OK) return fail(s);
   const int32_t *ids;
+  const char *buf;
+  const size_t *ends;
   size_t n;
-  s = tsr_tok_encode(enc, text, strlen(text), flags, &ids, &n);
-  if (s == TSR_OK) {
+  if (pieces && (s = tsr_tok_pieces(enc, text, strlen(text), flags, &buf, &ends, &n)) == TSR_OK) {
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; arr && i < n; i++) {
+      size_t a = i ? ends[i - 1] : 0;
+      char *piece = strndup(buf + a, ends[i] - a);
+      cJSON_AddItemToArray(arr, cJSON_CreateString(piece ? piece : ""));
+      free(piece);
+    }
+    char *line = arr ? cJSON_PrintUnformatted(arr) : NULL;
+    printf("%s\n", line ? line : "[]");
+    cJSON_free(line);
+    cJSON_Delete(arr);
+  } else if (!pieces && (s = tsr_tok_encode(enc, text, strlen(text), flags, &ids, &n)) == TSR_OK) {
     for (size_t i = 0; i < n; i++) printf("%s%d", i ? " " : "", (int)ids[i]);
     printf("\n");
   }
@@ -83,6 +102,7 @@ int tsr_cmd_tokenize(int argc, char **argv) {
   }
   tsr_corpus_opts o = {.field = "text", .add_special = true, .progress = isatty(STDERR_FILENO)};
   const char *tokenizer = NULL, *text = NULL, *eos = NULL;
+  bool pieces = false;
   int dtype = 0, utf8 = 0, doc = 0, format = 0;
   const char **inputs = calloc((size_t)argc, sizeof *inputs);
   if (!inputs) return TSR_EXIT_RUNTIME;
@@ -140,6 +160,8 @@ int tsr_cmd_tokenize(int argc, char **argv) {
       o.progress = false;
     else if (!strcmp(a, "--text") && has)
       text = argv[++i];
+    else if (!strcmp(a, "--pieces"))
+      pieces = true;
     else if (a[0] == '-' && a[1]) {
       static const char *const valued[] = {"-o",      "--output",  "--index", "--format",
                                            "--field", "--doc",     "--eos",   "--utf8",
@@ -166,7 +188,7 @@ int tsr_cmd_tokenize(int argc, char **argv) {
       (o.add_special ? TSR_TOK_ADD_SPECIAL : 0u) | (o.split_special ? TSR_TOK_SPLIT_SPECIAL : 0u);
   if (text) {
     rc = o.ninputs || o.out ? bad_arg("%s", "--text takes no input files and no -o")
-                            : print_ids(tok, text, flags);
+                            : print_ids(tok, text, flags, pieces);
     goto done;
   }
   if (!o.out || !o.ninputs) {
@@ -221,10 +243,11 @@ int tsr_cmd_tokenize(int argc, char **argv) {
   printf("tokenized %d file%s, %.2f MB, %llu documents", o.ninputs, o.ninputs == 1 ? "" : "s", mb,
          (unsigned long long)st.docs);
   if (st.empty) printf(" (%llu empty skipped)", (unsigned long long)st.empty);
-  printf(", into %llu tokens in %.2f s: %.2f MB/s, %.2f M tokens/s on %d thread%s\n",
+  printf(", into %llu tokens in %.2f s: %.2f MB/s, %.2f M tokens/s on %d thread%s (%.2f CPU s, "
+         "%.2f MB/s per core)\n",
          (unsigned long long)st.tokens, st.seconds, st.seconds > 0 ? mb / st.seconds : 0.0,
          st.seconds > 0 ? (double)st.tokens / st.seconds / 1e6 : 0.0, o.threads,
-         o.threads == 1 ? "" : "s");
+         o.threads == 1 ? "" : "s", st.cpu_seconds, st.cpu_seconds > 0 ? mb / st.cpu_seconds : 0.0);
   printf("per document: %u token%s before the text, %u after (EOS %s from %s)\n", st.head,
          st.head == 1 ? "" : "s", st.tail,
          o.eos >= 0 ? tsr_tokenizer_id_to_token(tok, o.eos) : "none",

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,6 +80,14 @@ static double since(const struct timespec *t0) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)(t.tv_sec - t0->tv_sec) + 1e-9 * (double)(t.tv_nsec - t0->tv_nsec);
+}
+
+/* CPU seconds of every thread of the process so far. */
+static double cpu_time(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 static bool grow(void **p, size_t *cap, size_t need, size_t size) {
@@ -342,8 +351,14 @@ static tsr_status write_batch(corpus *c, out_file *tokens, out_file *index, uint
     if (!grow((void **)wbuf, wcap, ch->nids * (size_t)tb + 1, 1))
       return TSR_ERROR(TSR_ENOMEM, "tokenize: out of memory");
     unsigned char *b = *wbuf;
-    for (size_t k = 0; k < ch->nids; k++)
-      for (int j = 0; j < tb; j++) *b++ = (unsigned char)((uint32_t)ch->ids[k] >> (8 * j));
+    const int32_t *ids = ch->ids;
+    if (tb == 2)
+      for (size_t k = 0; k < ch->nids; k++, b += 2)
+        b[0] = (unsigned char)ids[k], b[1] = (unsigned char)(ids[k] >> 8);
+    else
+      for (size_t k = 0; k < ch->nids; k++, b += 4)
+        b[0] = (unsigned char)ids[k], b[1] = (unsigned char)(ids[k] >> 8),
+        b[2] = (unsigned char)(ids[k] >> 16), b[3] = (unsigned char)(ids[k] >> 24);
     if (fwrite(*wbuf, 1, ch->nids * (size_t)tb, tokens->f) != ch->nids * (size_t)tb)
       return TSR_ERROR(TSR_EIO, "%s: write error: %s", tokens->tmp, strerror(errno));
     for (size_t d = 0; d < ch->ndocs; d++) {
@@ -472,6 +487,7 @@ tsr_status tsr_corpus_tokenize(const tsr_tokenizer_t *tok, const tsr_corpus_opts
   pthread_mutex_init(&c.lock, NULL);
   pthread_cond_init(&c.cond, NULL);
   clock_gettime(CLOCK_MONOTONIC, &c.start);
+  double cpu0 = cpu_time();
   const int32_t *head, *tail;
   int nhead, ntail;
   tsr_tokenizer_template(tok, &head, &nhead, &tail, &ntail);
@@ -514,6 +530,7 @@ tsr_status tsr_corpus_tokenize(const tsr_tokenizer_t *tok, const tsr_corpus_opts
   TSR_CHECK_GOTO(publish(&index), s);
   TSR_CHECK_GOTO(publish(&tokens), s);
   st->seconds = since(&c.start);
+  st->cpu_seconds = cpu_time() - cpu0;
 cleanup:
   if (s != TSR_OK && o->progress && c.bytes_done) fputc('\n', stderr);
   close_out(&tokens, false);

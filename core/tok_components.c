@@ -140,6 +140,13 @@ static tsr_status replacement_char(tok_ld *ld, const cJSON *o, const char *key, 
   return TSR_OK;
 }
 
+/* JIT-compiled code is matched through pcre2_jit_match, which skips pcre2_match's checks. */
+static tsr_status finish_regex(tok_pretok *d) {
+  size_t jit = 0;
+  d->jit = pcre2_pattern_info(d->re, PCRE2_INFO_JITSIZE, &jit) == 0 && jit > 0;
+  return TSR_OK;
+}
+
 static tsr_status load_pre(tok_ld *ld, const cJSON *p, const char *key) {
   tsr_tokenizer_t *tok = ld->tok;
   if (!p || cJSON_IsNull(p)) return TSR_OK;
@@ -171,7 +178,12 @@ static tsr_status load_pre(tok_ld *ld, const cJSON *p, const char *key) {
     d->behavior = (tok_split_behavior)b;
     TSR_CHECK(tok_get_bool(ld, p, "invert", key, false, &d->invert));
     tok->npre++;
-    return load_pattern(ld, p, key, &d->re, NULL, NULL);
+    TSR_CHECK(load_pattern(ld, p, key, &d->re, NULL, NULL));
+    const cJSON *rx =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "pattern"), "Regex");
+    if (cJSON_IsString(rx))
+      d->fast = tok_fast_kind(rx->valuestring, strlen(rx->valuestring), false);
+    return finish_regex(d);
   }
   if (!strcmp(type, "ByteLevel")) {
     bool regex;
@@ -183,8 +195,10 @@ static tsr_status load_pre(tok_ld *ld, const cJSON *p, const char *key) {
     if (!regex) return TSR_OK;
     char k[256];
     snprintf(k, sizeof k, "%s (GPT-2's regex)", key);
-    return tok_regex_compile(tok_gpt2_pattern, strlen(tok_gpt2_pattern), false, ld->file, k,
-                             &d->re);
+    TSR_CHECK(
+        tok_regex_compile(tok_gpt2_pattern, strlen(tok_gpt2_pattern), false, ld->file, k, &d->re));
+    d->fast = tok_fast_kind(tok_gpt2_pattern, strlen(tok_gpt2_pattern), true);
+    return finish_regex(d);
   }
   if (!strcmp(type, "Metaspace")) {
     d->kind = PRE_METASPACE;

@@ -35,16 +35,24 @@ struct tsr_tok_encoder_t {
   tok_segs raw, normd;
   tok_buf buf[TOK_MAX_STAGES];
   tok_segs segs[TOK_MAX_STAGES];
+  /* tsr_tok_pieces: the model's input pieces and added tokens instead of ids */
+  bool collect;
+  tok_buf pieces;
+  size_t *ends;
+  size_t nends, cap_ends;
 };
 
-static bool seg_push(tok_segs *v, size_t a, size_t b, int32_t tag) {
-  if (v->n == v->cap) {
-    size_t cap = v->cap ? v->cap * 2 : 32;
-    tok_seg *p = realloc(v->p, cap * sizeof *p);
-    if (!p) return false;
-    v->p = p;
-    v->cap = cap;
-  }
+static bool seg_grow(tok_segs *v) {
+  size_t cap = v->cap ? v->cap * 2 : 32;
+  tok_seg *p = realloc(v->p, cap * sizeof *p);
+  if (!p) return false;
+  v->p = p;
+  v->cap = cap;
+  return true;
+}
+
+static inline bool seg_push(tok_segs *v, size_t a, size_t b, int32_t tag) {
+  if (v->n == v->cap && !seg_grow(v)) return false;
   v->p[v->n++] = (tok_seg){a, b, tag};
   return true;
 }
@@ -80,6 +88,8 @@ void tsr_tok_encoder_free(tsr_tok_encoder_t *e) {
   tok_buf_free(&e->tmp);
   free(e->raw.p);
   free(e->normd.p);
+  tok_buf_free(&e->pieces);
+  free(e->ends);
   for (int i = 0; i < TOK_MAX_STAGES; i++) {
     tok_buf_free(&e->buf[i]);
     free(e->segs[i].p);
@@ -88,13 +98,23 @@ void tsr_tok_encoder_free(tsr_tok_encoder_t *e) {
 }
 
 /* Every match of re in (s, n), with the stretches between them: (a, b, 1) for a match, (a, b, 0)
- * between. Empty matches are skipped. <0 from PCRE2 for an error other than no match. */
-static int find_matches(pcre2_code *re, pcre2_match_data *md, pcre2_match_context *mctx,
-                        const char *s, size_t n, tok_segs *out) {
+ * between. Empty matches are skipped. `fast`: a hand-written matcher decides where it can
+ * (tok_fastsplit.c); `jit`: re is JIT-compiled. <0 from PCRE2 for an error other than no
+ * match. */
+static int find_matches(pcre2_code *re, int fast, bool jit, pcre2_match_data *md,
+                        pcre2_match_context *mctx, const char *s, size_t n, tok_segs *out) {
   size_t pos = 0, prev = 0;
   PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
   while (pos < n) {
-    int rc = pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mctx);
+    long e = fast ? tok_fast_match(fast, s, n, pos) : -1;
+    if (e > 0) {
+      if ((pos > prev && !seg_push(out, prev, pos, 0)) || !seg_push(out, pos, (size_t)e, 1))
+        return PCRE2_ERROR_NOMEMORY;
+      prev = pos = (size_t)e;
+      continue;
+    }
+    int rc = jit ? pcre2_jit_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mctx)
+                 : pcre2_match(re, (PCRE2_SPTR)s, n, pos, PCRE2_NO_UTF_CHECK, md, mctx);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) return rc;
     size_t a = ov[0], b = ov[1];
@@ -162,20 +182,34 @@ bool tok_replace_all(const char *s, size_t n, const char *pat, size_t np, pcre2_
                      pcre2_match_context *mctx) {
   size_t prev = 0;
   if (!re) {
-    for (size_t i = 0; i < n;) {
-      const char *hit = memchr(s + i, pat[0], n - i);
-      if (!hit) break;
-      i = (size_t)(hit - s);
+    /* count, make room once, then copy: no call per occurrence (a space per word) */
+    size_t hits = 0;
+    for (const char *p = s, *end = s + n; (p = memchr(p, pat[0], (size_t)(end - p)));)
+      if (is_literal_at(s, n, (size_t)(p - s), pat, np))
+        hits++, p += np;
+      else
+        p++;
+    if (!tok_buf_reserve(out, n + hits * nrep)) return false;
+    char *o = out->p + out->n;
+    for (size_t i = 0; hits && i < n;) {
+      i = (size_t)((const char *)memchr(s + i, pat[0], n - i) - s);
       if (!is_literal_at(s, n, i, pat, np)) {
         i++;
         continue;
       }
-      if (!tok_buf_put(out, s + prev, i - prev) || !tok_buf_put(out, rep, nrep)) return false;
+      memcpy(o, s + prev, i - prev);
+      o += i - prev;
+      memcpy(o, rep, nrep);
+      o += nrep;
       prev = i += np;
+      hits--;
     }
+    memcpy(o, s + prev, n - prev);
+    out->n = (size_t)(o + (n - prev) - out->p);
+    return true;
   } else {
     tok_segs segs = {0};
-    bool ok = find_matches(re, md, mctx, s, n, &segs) == 0;
+    bool ok = find_matches(re, TOK_FAST_NONE, false, md, mctx, s, n, &segs) == 0;
     for (size_t i = 0; ok && i < segs.n; i++)
       ok = segs.p[i].tag ? tok_buf_put(out, rep, nrep)
                          : tok_buf_put(out, s + segs.p[i].a, segs.p[i].b - segs.p[i].a);
@@ -239,12 +273,28 @@ static tsr_status regex_failed(const tsr_tok_encoder_t *e, int rc, int stage) {
                    e->tok->path, stage, (const char *)msg);
 }
 
+/* What the model would see: a piece, or an added token (`id` >= 0). */
+static tsr_status model(tsr_tok_encoder_t *e, const char *s, size_t n, int32_t id) {
+  if (e->collect) {
+    if (e->nends == e->cap_ends) {
+      size_t cap = e->cap_ends ? 2 * e->cap_ends : 64;
+      size_t *p = realloc(e->ends, cap * sizeof *p);
+      if (!p) return oom();
+      e->ends = p, e->cap_ends = cap;
+    }
+    if (!tok_buf_put(&e->pieces, s, n)) return oom();
+    e->ends[e->nends++] = e->pieces.n;
+    return TSR_OK;
+  }
+  if (id >= 0) return tok_ids_push(&e->ids, id) ? TSR_OK : oom();
+  return tok_bpe_word(e->tok, e->bpe, s, n, e->tok->byte_level, &e->ids) ? TSR_OK : oom();
+}
+
 /* Pre-tokenizer `stage` on the piece (s, n); `at_start`: the piece begins the text. */
 static tsr_status pre(tsr_tok_encoder_t *e, int stage, const char *s, size_t n, bool at_start) {
   const tsr_tokenizer_t *tok = e->tok;
   if (!n) return TSR_OK;
-  if (stage == tok->npre)
-    return tok_bpe_word(tok, e->bpe, s, n, tok->byte_level, &e->ids) ? TSR_OK : oom();
+  if (stage == tok->npre) return model(e, s, n, -1);
   const tok_pretok *p = &tok->pre[stage];
   tok_buf *buf = &e->buf[stage];
   tok_segs *segs = &e->segs[stage];
@@ -275,7 +325,7 @@ static tsr_status pre(tsr_tok_encoder_t *e, int stage, const char *s, size_t n, 
     if (prev < n && !seg_push(segs, prev, n, 0)) return oom();
     apply_behavior(segs, SPLIT_MERGED_NEXT, false);
   } else if (p->re) {
-    int rc = find_matches(p->re, e->md, e->mctx, s, n, segs);
+    int rc = find_matches(p->re, p->fast, p->jit, e->md, e->mctx, s, n, segs);
     if (rc < 0) return regex_failed(e, rc, stage);
     apply_behavior(segs, p->kind == PRE_SPLIT ? p->behavior : SPLIT_ISOLATED,
                    p->kind == PRE_SPLIT && p->invert);
@@ -307,7 +357,11 @@ static bool split_added(tsr_tok_encoder_t *e, const tok_trie *t, const char *s, 
   out->n = 0;
   size_t start = 0;
   for (size_t i = 0; t->n && i < n;) {
-    if (!t->first[(unsigned char)s[i]]) {
+    if (t->nfirst == 1) {
+      const char *hit = memchr(s + i, t->only, n - i);
+      if (!hit) break;
+      i = (size_t)(hit - s);
+    } else if (!t->first[(unsigned char)s[i]]) {
       i++;
       continue;
     }
@@ -342,24 +396,22 @@ static bool split_added(tsr_tok_encoder_t *e, const tok_trie *t, const char *s, 
   return start >= n || seg_push(out, start, n, -1);
 }
 
-tsr_status tsr_tok_encode(tsr_tok_encoder_t *e, const char *text, size_t len, unsigned flags,
-                          const int32_t **ids, size_t *nids) {
+static tsr_status encode(tsr_tok_encoder_t *e, const char *text, size_t len, unsigned flags) {
   const tsr_tokenizer_t *tok = e->tok;
-  *ids = NULL;
-  *nids = 0;
   size_t valid = tsr_utf8_valid_prefix(text, len);
   if (valid != len)
     return TSR_ERROR(TSR_EINVAL, "text is not valid UTF-8 at byte %zu (0x%02X)", valid,
                      (unsigned char)text[valid]);
   e->ids.n = 0;
-  bool special = flags & TSR_TOK_ADD_SPECIAL;
+  e->pieces.n = e->nends = 0;
+  bool special = (flags & TSR_TOK_ADD_SPECIAL) && !e->collect;
   if (special && !tok_ids_reserve(&e->ids, (size_t)tok->nhead)) return oom();
   for (int i = 0; special && i < tok->nhead; i++) e->ids.p[e->ids.n++] = tok->head[i];
   if (!split_added(e, &tok->split_raw, text, len, flags, &e->raw)) return oom();
   for (size_t i = 0; i < e->raw.n; i++) {
     const tok_seg *r = &e->raw.p[i];
     if (r->tag >= 0) {
-      if (!tok_ids_push(&e->ids, tok->added[r->tag].id)) return oom();
+      TSR_CHECK(model(e, text + r->a, r->b - r->a, tok->added[r->tag].id));
       continue;
     }
     const char *s = text + r->a;
@@ -372,7 +424,7 @@ tsr_status tsr_tok_encode(tsr_tok_encoder_t *e, const char *text, size_t len, un
     for (size_t j = 0; j < e->normd.n; j++) {
       const tok_seg *q = &e->normd.p[j];
       if (q->tag >= 0) {
-        if (!tok_ids_push(&e->ids, tok->added[q->tag].id)) return oom();
+        TSR_CHECK(model(e, s + q->a, q->b - q->a, tok->added[q->tag].id));
         continue;
       }
       TSR_CHECK(pre(e, 0, s + q->a, q->b - q->a, r->a == 0 && q->a == 0));
@@ -380,7 +432,31 @@ tsr_status tsr_tok_encode(tsr_tok_encoder_t *e, const char *text, size_t len, un
   }
   if (special && !tok_ids_reserve(&e->ids, (size_t)tok->ntail)) return oom();
   for (int i = 0; special && i < tok->ntail; i++) e->ids.p[e->ids.n++] = tok->tail[i];
+  return TSR_OK;
+}
+
+tsr_status tsr_tok_encode(tsr_tok_encoder_t *e, const char *text, size_t len, unsigned flags,
+                          const int32_t **ids, size_t *nids) {
+  *ids = NULL;
+  *nids = 0;
+  e->collect = false;
+  TSR_CHECK(encode(e, text, len, flags));
   *ids = e->ids.p;
   *nids = e->ids.n;
+  return TSR_OK;
+}
+
+tsr_status tsr_tok_pieces(tsr_tok_encoder_t *e, const char *text, size_t len, unsigned flags,
+                          const char **buf, const size_t **ends, size_t *n) {
+  *buf = NULL;
+  *ends = NULL;
+  *n = 0;
+  e->collect = true;
+  tsr_status s = encode(e, text, len, flags);
+  e->collect = false;
+  TSR_CHECK(s);
+  *buf = e->pieces.p;
+  *ends = e->ends;
+  *n = e->nends;
   return TSR_OK;
 }

@@ -131,9 +131,14 @@ typedef enum tok_split_behavior {
 } tok_split_behavior;
 typedef enum tok_prepend { PREPEND_ALWAYS, PREPEND_FIRST, PREPEND_NEVER } tok_prepend;
 
+/* Pre-tokenizer regexes with a hand-written matcher (tok_fastsplit.c). */
+enum { TOK_FAST_NONE, TOK_FAST_LLAMA3, TOK_FAST_GPT2 };
+
 typedef struct tok_pretok {
   tok_pre_kind kind;
   pcre2_code *re; /* Split; ByteLevel with use_regex (GPT-2's pattern) */
+  bool jit;       /* re was JIT-compiled: matched with pcre2_jit_match */
+  int fast;       /* TOK_FAST_*: the matcher that stands in for re on ASCII text */
   tok_split_behavior behavior;
   bool invert;           /* Split: the pieces between matches are the matches */
   bool add_prefix_space; /* ByteLevel */
@@ -182,6 +187,8 @@ typedef struct tok_trie {
   tok_trie_node *nodes;
   size_t n, cap;
   bool first[256]; /* bytes that start some content */
+  int nfirst;      /* how many such bytes; with one (Llama's all start with '<'), memchr finds it */
+  unsigned char only;
 } tok_trie;
 
 #define TOK_MAX_STAGES 16
@@ -238,6 +245,16 @@ bool tok_replace_all(const char *s, size_t n, const char *pat, size_t np, pcre2_
                      pcre2_match_context *mctx);
 /* The GPT-2 pattern ByteLevel uses when use_regex is true. */
 extern const char tok_gpt2_pattern[];
+
+/* ---- the hand-written matchers (tok_fastsplit.c) ---- */
+
+/* Llama 3's Split pattern, as its tokenizer.json spells it. */
+extern const char tok_llama3_pattern[];
+/* The TOK_FAST_* matcher for a Split pattern (GPT-2's with gpt2_pattern), or TOK_FAST_NONE. */
+int tok_fast_kind(const char *pattern, size_t n, bool gpt2_pattern);
+/* The end of the regex's match at position i of (s, n) (> i), or -1 when a non-ASCII character
+ * decides it: PCRE2 must match there. */
+long tok_fast_match(int kind, const char *s, size_t n, size_t i);
 
 /* ---- BPE (tok_bpe.c) ---- */
 

@@ -249,6 +249,7 @@ bool tok_trie_add(tok_trie *t, const char *s, size_t n, int32_t token) {
   }
   /* two added tokens with one content: the first keeps it, as a map insert would */
   if (t->nodes[cur].token < 0) t->nodes[cur].token = token;
+  if (!t->first[(unsigned char)s[0]]) t->nfirst++, t->only = (unsigned char)s[0];
   t->first[(unsigned char)s[0]] = true;
   return true;
 }

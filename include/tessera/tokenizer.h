@@ -77,6 +77,13 @@ TSR_API void tsr_tok_encoder_free(tsr_tok_encoder_t *enc);
 TSR_API tsr_status tsr_tok_encode(tsr_tok_encoder_t *enc, const char *text, size_t len,
                                   unsigned flags, const int32_t **ids, size_t *n);
 
+/* The pieces the model would encode, for looking at what the normalizers and pre-tokenizers
+ * do: each piece as text (bytes, before ByteLevel's character map), added tokens as their
+ * content, the post-processor's tokens left out. Piece i is buf[ends[i-1] .. ends[i]) (from 0
+ * for i = 0); both arrays point into the encoder, valid until its next call. */
+TSR_API tsr_status tsr_tok_pieces(tsr_tok_encoder_t *enc, const char *text, size_t len,
+                                  unsigned flags, const char **buf, const size_t **ends, size_t *n);
+
 /* Decodes `n` ids through the tokenizer's decoder into a new NUL-terminated string (*text,
  * malloc'd; its length in *len, which may be NULL). TSR_EINVAL naming the position of an id
  * that no token has. */

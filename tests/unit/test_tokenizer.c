@@ -343,6 +343,145 @@ static void test_utf8(void **state) {
   tsr_tokenizer_free(tok);
 }
 
+/* The hand-written matchers of Llama 3's and GPT-2's regexes (core/tok_fastsplit.c) against
+ * PCRE2 on random text: the same tokenizer with its pattern spelled so that no matcher knows it
+ * ("(?:...)") must give the same ids. The pieces mix the cases the matchers work out by hand
+ * (contractions in both cases, digit runs, white-space runs ending in letters, punctuation or
+ * line breaks) with the non-ASCII characters that make them hand over to PCRE2. */
+static void differential(fixture *f, const char *name) {
+  char path[512];
+  snprintf(path, sizeof path, DATA "%s.json", name);
+  char *text = slurp(path, NULL);
+  cJSON *root = cJSON_Parse(text);
+  free(text);
+  cJSON *pre = cJSON_GetObjectItem(root, "pre_tokenizer");
+  char wrapped[512];
+  if (!strcmp(cJSON_GetObjectItem(pre, "type")->valuestring, "Sequence")) {
+    cJSON *pat = cJSON_GetObjectItem(
+        cJSON_GetArrayItem(cJSON_GetObjectItem(pre, "pretokenizers"), 0), "pattern");
+    snprintf(wrapped, sizeof wrapped, "(?:%s)", cJSON_GetObjectItem(pat, "Regex")->valuestring);
+    cJSON_ReplaceItemInObject(pat, "Regex", cJSON_CreateString(wrapped));
+  } else {
+    static const char gpt2[] = "(?:'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| "
+                               "?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+)";
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+             "{\"Regex\": \"%s\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", "
+             "\"add_prefix_space\": false, \"use_regex\": false}]}",
+             gpt2);
+    cJSON_ReplaceItemInObject(root, "pre_tokenizer", cJSON_Parse(json));
+  }
+  char *json = cJSON_Print(root);
+  cJSON_Delete(root);
+  io_write_file(f->path, json, strlen(json));
+  free(json);
+  tsr_tokenizer_t *fast, *slow;
+  tsr_tok_encoder_t *ef, *es;
+  assert_int_equal(tsr_tokenizer_load(path, &fast), TSR_OK);
+  assert_int_equal(tsr_tokenizer_load(f->path, &slow), TSR_OK);
+  assert_int_equal(tsr_tok_encoder_new(fast, &ef), TSR_OK);
+  assert_int_equal(tsr_tok_encoder_new(slow, &es), TSR_OK);
+  static const char *const pieces[] = {"a",
+                                       "Zq",
+                                       "hello",
+                                       "'",
+                                       "s",
+                                       "S",
+                                       "'re",
+                                       "'LL",
+                                       "'d",
+                                       "'ve",
+                                       "'M",
+                                       "'x",
+                                       "0",
+                                       "7",
+                                       "12345",
+                                       " ",
+                                       "  ",
+                                       "   ",
+                                       "\t",
+                                       "\n",
+                                       "\r\n",
+                                       "\r",
+                                       "\n\n",
+                                       ".",
+                                       ",",
+                                       "!?",
+                                       "(",
+                                       "-",
+                                       "_",
+                                       "\v",
+                                       "\f",
+                                       "\x1f",
+                                       "\x01",
+                                       "\xc3\xa9" /* é */,
+                                       "\xc5\xbf" /* ſ */,
+                                       "\xc2\xb2" /* ² */,
+                                       "\xd9\xa3" /* Arabic 3 */,
+                                       "\xc2\xa0" /* NBSP */,
+                                       "\xc2\x85" /* NEL */,
+                                       "\xe2\x80\xa8" /* U+2028 */,
+                                       "\xe3\x80\x80" /* U+3000 */,
+                                       "\xe4\xb8\xad" /* 中 */,
+                                       "\xf0\x9f\x98\x80" /* emoji */,
+                                       "\xe2\x84\xaa" /* Kelvin sign */,
+                                       "\xef\xbb\xbf" /* BOM */};
+  const int npieces = (int)(sizeof pieces / sizeof pieces[0]);
+  uint64_t rng = 12345;
+  char buf[1024];
+  for (int t = 0; t < 5000; t++) {
+    size_t len = 0;
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    int count = 1 + (int)(rng >> 59);
+    for (int k = 0; k < count; k++) {
+      rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+      const char *p = pieces[(rng >> 33) % (uint64_t)npieces];
+      memcpy(buf + len, p, strlen(p));
+      len += strlen(p);
+    }
+    /* the pieces first: ids alone would hide a boundary no merge crosses */
+    const char *pa, *pb;
+    const size_t *ea, *eb;
+    size_t ka, kb;
+    assert_int_equal(tsr_tok_pieces(ef, buf, len, 0, &pa, &ea, &ka), TSR_OK);
+    assert_int_equal(tsr_tok_pieces(es, buf, len, 0, &pb, &eb, &kb), TSR_OK);
+    if (ka != kb || memcmp(ea, eb, ka * sizeof *ea) || (ka && memcmp(pa, pb, ea[ka - 1]))) {
+      fprintf(stderr, "%s: pieces differ for \"%.*s\"\n", name, (int)len, buf);
+      for (size_t k = 0; k < ka; k++)
+        fprintf(stderr, "  hand-written [%.*s]\n", (int)(ea[k] - (k ? ea[k - 1] : 0)),
+                pa + (k ? ea[k - 1] : 0));
+      for (size_t k = 0; k < kb; k++)
+        fprintf(stderr, "  PCRE2        [%.*s]\n", (int)(eb[k] - (k ? eb[k - 1] : 0)),
+                pb + (k ? eb[k - 1] : 0));
+      fail();
+    }
+    const int32_t *a, *b;
+    size_t na, nb;
+    assert_int_equal(tsr_tok_encode(ef, buf, len, 0, &a, &na), TSR_OK);
+    int32_t copy[1024];
+    memcpy(copy, a, na * sizeof *a);
+    assert_int_equal(tsr_tok_encode(es, buf, len, 0, &b, &nb), TSR_OK);
+    if (na != nb || memcmp(copy, b, na * sizeof *b)) {
+      fprintf(stderr, "%s: \"%.*s\"\n", name, (int)len, buf);
+      print_ids("hand-written", copy, na);
+      print_ids("PCRE2", b, nb);
+      fail();
+    }
+  }
+  tsr_tok_encoder_free(ef);
+  tsr_tok_encoder_free(es);
+  tsr_tokenizer_free(fast);
+  tsr_tokenizer_free(slow);
+}
+
+static void test_fast_split_llama3(void **state) {
+  differential(*state, "bytelevel-llama3");
+}
+static void test_fast_split_gpt2(void **state) {
+  differential(*state, "bytelevel-gpt2");
+}
+
 /* What a trainer needs from the file: vocabulary size, BOS template, EOS, special flags. */
 static void test_metadata(void **state) {
   fixture *f = *state;
@@ -456,6 +595,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_added_token_flags, setup, teardown),
       cmocka_unit_test_setup_teardown(test_metaspace_decoder, setup, teardown),
       cmocka_unit_test(test_decode_invalid_bytes),
+      cmocka_unit_test_setup_teardown(test_fast_split_llama3, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_fast_split_gpt2, setup, teardown),
       cmocka_unit_test(test_utf8),
       cmocka_unit_test_setup_teardown(test_metadata, setup, teardown),
       cmocka_unit_test_setup_teardown(test_load_errors, setup, teardown),
