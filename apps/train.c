@@ -239,11 +239,13 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   }
   tsr_lr_config lrc = {c->optimizer.lr_schedule, c->optimizer.lr, c->optimizer.min_lr,
                        c->optimizer.warmup_steps, c->job.steps};
+  TSR_CHECK_GOTO(tsr_train_trace_begin(t), st);
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
   for (int64_t step = t->start_step + 1; step <= end; step++) {
     bool first = step == t->start_step + 1 && c->output.dump[0] && !check;
     double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
     tsr_breadcrumb_here()->step = step; /* a crash report names the step */
+    int64_t trace_step = tsr_trace_clock(), trace_at = trace_step;
     tsr_comm_bytes_reset(tsr_rank_comm(t->r));
     t->bad_parts = 0;
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
@@ -254,6 +256,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     else
       TSR_CHECK_GOTO(forward_backward(t, tape, ids, labels, train, first ? &dump : NULL, &loss),
                      st);
+    tsr_trace_add("phase", train ? "forward_backward" : "forward", trace_at, step, -1);
     TSR_CHECK_GOTO(tsr_train_test_poison(t, step), st);
     /* every rank has the batch's loss: all stop at once, with nothing saved over a good
      * checkpoint, or all skip the update ([job] on_nonfinite) */
@@ -262,10 +265,12 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
       TSR_CHECK_GOTO(tsr_train_nonfinite(t, all, tape, step, "loss", loss, &skip), st);
       gnorm = NAN;
     }
+    trace_at = tsr_trace_clock();
     if (train && !skip)
       TSR_CHECK_GOTO(optimizer_step(t, all, tape, step, lr, first ? &dump : NULL,
                                     step == t->start_step + 1 ? &mem : NULL, &gnorm, &skip),
                      st);
+    if (train) tsr_trace_add("phase", "optimizer", trace_at, step, -1);
     if (first) {
       st = tsr_train_dump_write(t, &dump);
       tsr_train_dump_free(&dump);
@@ -283,9 +288,12 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     if (lead) tsr_train_log_step(&ctx->log, &s);
     if (tsr_train_eval_due(&ev, step, end)) {
       tsr_train_eval_result er;
+      trace_at = tsr_trace_clock();
       TSR_CHECK_GOTO(tsr_train_eval_run(t, &ev, step, ids, labels, &er), st);
+      tsr_trace_add("phase", "eval", trace_at, step, -1);
       if (lead) tsr_train_log_eval(&ctx->log, &er);
     }
+    tsr_trace_add("step", "step", trace_step, step, -1);
   }
   if (lead) tsr_train_log_end(&ctx->log);
   if (check) goto cleanup;
@@ -293,10 +301,15 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   st = tsr_train_pipe_finish(t, all, ctx->log.out);
   TSR_CHECK_GOTO(agree(all, st), st);
   if (train) {
+    int64_t trace_at = tsr_trace_clock();
     st = tsr_train_save_checkpoint(t);
     TSR_CHECK_GOTO(agree(all, st), st);
+    if (c->checkpoint.save[0]) tsr_trace_add("phase", "checkpoint", trace_at, end, -1);
   }
+  st = tsr_train_trace_write(t, all, ctx->log.out);
+  TSR_CHECK_GOTO(agree(all, st), st);
 cleanup:
+  tsr_train_trace_end(t);
   tsr_train_eval_close(&ev);
   tsr_train_dump_free(&dump);
   tsr_tape_free(tape);
@@ -374,8 +387,6 @@ cleanup:
   tsr_llama_free(t.model);
   free(t.params);
   free(t.names);
-  free(t.events);
-  free(t.event_steps);
   tsr_rank_free(t.r);
   tsr_app_crash_thread_end(crash_stack);
   return st;

@@ -13,6 +13,7 @@
 #include "tessera/io.h"
 #include "tessera/optim.h"
 #include "tessera/rank.h"
+#include "tessera/trace.h"
 
 /* How `tessera run` drives the loop beyond what the job file says. */
 typedef struct tsr_train_opts {
@@ -59,9 +60,7 @@ typedef struct tsr_train_rank {
   const tsr_schedule *pipe;
   int microbatches;
   int peak_in_flight; /* most microbatches this rank held at once, over the run */
-  int nevents, cap_events;
-  tsr_pipe_event *events; /* for [output] trace, every step's, times relative to the run */
-  int64_t *event_steps;   /* (nevents) the optimizer step of each event */
+  tsr_trace *trace;   /* [output] trace: this rank's events (train_trace.c); NULL without */
   /* [job] on_nonfinite (train_guard.c): the step's microbatches whose loss was not finite (how
    * many, and the first), and the message of a skipped step, "" when none was */
   int64_t bad_parts, bad_part;
@@ -97,8 +96,8 @@ tsr_status tsr_train_pipe_setup(tsr_train_rank *t);
 /* Prints the schedule's text timeline and bubble fraction for `tessera plan` (nothing without
  * pp > 1). */
 void tsr_train_pipe_print_plan(const tsr_app_job *job, FILE *f);
-/* After the last step: rank 0 prints each rank's peak of microbatches in flight to `out` and
- * writes [output] trace from every rank's events. Collective over `all`; no-op without a pipe. */
+/* After the last step: rank 0 prints each rank's peak of microbatches in flight to `out`.
+ * Collective over `all`; no-op without a pipe. */
 tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out);
 
 /* Dump contents collected on the first step; every tensor is full (gathered) and owned. */
@@ -132,7 +131,7 @@ tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnor
 
 /* One optimizer step's forward (and backward) through the pipeline schedule, per accumulation
  * step: fills *loss with the batch's mean loss on every rank and, with a dump, adds the whole
- * batch's logits and the loss. `step` tags the trace events. */
+ * batch's logits and the loss. */
 tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, const int32_t *ids,
                                            const int32_t *labels, bool train, tsr_train_dump *dump,
                                            double *loss);
@@ -153,6 +152,16 @@ tsr_status tsr_train_nonfinite(tsr_train_rank *t, tsr_group_t *all, tsr_tape_t *
  * parameter NAME NaN on every rank holding a part of it after step STEP's backward (here);
  * STEP:loss:K makes the loss of microbatch K (from 0) of step STEP NaN (tsr_train_part_loss). */
 tsr_status tsr_train_test_poison(tsr_train_rank *t, int64_t step);
+
+/* [output] trace (train_trace.c), for any mesh. A rank keeps at most this many events. */
+#define TSR_TRAIN_TRACE_EVENTS 100000
+/* With [output] trace, a trace that records the calling thread (the rank's) from now on. */
+tsr_status tsr_train_trace_begin(tsr_train_rank *t);
+/* Stops recording and frees the trace (after tsr_train_trace_write, or on failure). */
+void tsr_train_trace_end(tsr_train_rank *t);
+/* Stops recording; rank 0 gathers every rank's events and writes [output] trace, and says on
+ * `out` how many events did not fit. Collective over `all`; no-op without a trace. */
+tsr_status tsr_train_trace_write(tsr_train_rank *t, tsr_group_t *all, FILE *out);
 
 /* [eval] (train_eval.c): the loss on held-out data. */
 typedef struct tsr_train_eval {

@@ -102,23 +102,20 @@ tsr_status tsr_train_clip_grads(tsr_train_rank *t, double max_norm, double *gnor
   return TSR_OK;
 }
 
-static tsr_status keep_events(tsr_train_rank *t, int64_t step, const tsr_pipe_result *res) {
-  if (!t->job->cfg->output.trace[0]) return TSR_OK;
-  if (t->nevents + res->nevents > t->cap_events) {
-    int cap = 2 * (t->nevents + res->nevents) + 64;
-    tsr_pipe_event *e = realloc(t->events, (size_t)cap * sizeof *e);
-    if (!e) return TSR_ERROR(TSR_ENOMEM, "trace: out of memory for %d events", cap);
-    t->events = e;
-    int64_t *s = realloc(t->event_steps, (size_t)cap * sizeof *s);
-    if (!s) return TSR_ERROR(TSR_ENOMEM, "trace: out of memory for %d events", cap);
-    t->event_steps = s;
-    t->cap_events = cap;
-  }
+static const char *kind_name(int kind);
+
+/* The schedule's actions of this rank into its trace ([output] trace), with the microbatch and
+ * the stage (chunk * pp + the rank's pp index). */
+static void trace_actions(tsr_train_rank *t, const tsr_pipe_result *res) {
+  if (!t->trace) return;
+  int P = tsr_llama_stage_count(t->model) / tsr_llama_stages_per_rank(t->model), stage = 0;
+  for (int s = P - 1; s >= 0; s--)
+    if (tsr_mesh_contains(tsr_llama_stage_mesh(t->model, s), tsr_rank_id(t->r))) stage = s;
   for (int i = 0; i < res->nevents; i++) {
-    t->events[t->nevents] = res->events[i];
-    t->event_steps[t->nevents++] = step;
+    const tsr_pipe_event *e = &res->events[i];
+    tsr_trace_add_span("pipeline", kind_name(e->kind), (int64_t)(e->t0 * 1e9),
+                       (int64_t)(e->t1 * 1e9), e->microbatch, e->chunk * P + stage);
   }
-  return TSR_OK;
 }
 
 tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, const int32_t *ids,
@@ -130,6 +127,7 @@ tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, cons
   tsr_tensor *parts[64] = {0};
   tsr_status st = TSR_OK;
   bool lead = tsr_rank_id(t->r) == 0;
+  (void)step; /* the trace's step event holds the step's actions */
   *loss = 0.0;
   if (dump && accum > 64)
     return TSR_ERROR(TSR_EINVAL, "dumps support at most 64 accumulation steps");
@@ -143,13 +141,12 @@ tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, cons
     if (tsr_train_any_label(labels + k * rows * seq, rows * seq))
       *loss += tsr_train_part_loss(t, k, res.loss) / (double)accum;
     if (res.peak_in_flight > t->peak_in_flight) t->peak_in_flight = res.peak_in_flight;
-    st = keep_events(t, step, &res);
+    trace_actions(t, &res);
     if (lead && dump) {
       parts[k] = res.logits;
       res.logits = NULL;
     }
     tsr_pipe_result_free(&res);
-    TSR_CHECK_GOTO(st, st);
   }
   if (lead && dump) {
     TSR_CHECK_GOTO(tsr_train_dump_add_batch(dump, parts, (int)accum, *loss), st);
@@ -209,89 +206,6 @@ static tsr_status report_in_flight(tsr_train_rank *t, tsr_group_t *all, FILE *ou
 }
 
 tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out) {
-  const tsr_config *c = t->job->cfg;
   if (!t->pipe) return TSR_OK;
-  TSR_CHECK(report_in_flight(t, all, out));
-  if (!c->output.trace[0]) return TSR_OK;
-  int world = tsr_group_size(all), me = tsr_group_index(all);
-  /* each event as 6 integers: step, kind, microbatch, stage, t0 and t1 in ns */
-  size_t *counts = calloc((size_t)world, sizeof *counts);
-  int64_t *mine = malloc(((size_t)t->nevents * 6 + 1) * sizeof *mine), *every = NULL;
-  int64_t n = t->nevents, *ns = calloc((size_t)world, sizeof *ns);
-  /* the rank's pp index: its first stage; an event's stage is chunk * pp + that */
-  int stage = 0, P = tsr_llama_stage_count(t->model) / tsr_llama_stages_per_rank(t->model);
-  for (int s = P - 1; s >= 0; s--)
-    if (tsr_mesh_contains(tsr_llama_stage_mesh(t->model, s), tsr_rank_id(t->r))) stage = s;
-  tsr_status st = TSR_OK;
-  if (!counts || !mine || !ns) {
-    st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory");
-    goto cleanup;
-  }
-  for (int i = 0; i < t->nevents; i++) {
-    int64_t *e = mine + 6 * i;
-    e[0] = t->event_steps[i], e[1] = t->events[i].kind, e[2] = t->events[i].microbatch;
-    e[3] = t->events[i].chunk * P + stage, e[4] = (int64_t)(t->events[i].t0 * 1e9),
-    e[5] = (int64_t)(t->events[i].t1 * 1e9);
-  }
-  TSR_CHECK_GOTO(tsr_comm_all_gather(all, &n, 1, ns, NULL, TSR_I64), st);
-  size_t total = 0;
-  for (int r = 0; r < world; r++) total += (counts[r] = (size_t)ns[r] * 6);
-  every = malloc((total + 1) * sizeof *every);
-  if (!every) {
-    st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory for %zu values", total);
-    goto cleanup;
-  }
-  TSR_CHECK_GOTO(tsr_comm_all_gather(all, mine, (size_t)n * 6, every, counts, TSR_I64), st);
-  if (me == 0) {
-    /* built in memory, then written as every output is: a temporary beside the path, renamed
-     * over it, so that a symlink there is replaced rather than followed and a failed write
-     * leaves the old file */
-    char path[TSR_TRAIN_PATH_LEN], *text = NULL, where[TSR_MAX_PATH + 160];
-    size_t len = 0;
-    tsr_train_path(c, c->output.trace, path, sizeof path);
-    FILE *f = open_memstream(&text, &len);
-    if (!f) {
-      st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory");
-      goto cleanup;
-    }
-    int64_t t0 = 0;
-    for (size_t i = 0; i < total; i += 6)
-      if (i == 0 || every[i + 4] < t0) t0 = every[i + 4];
-    fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-    size_t at = 0;
-    for (int r = 0; r < world; r++) {
-      int st_r = ns[r] ? (int)every[at + 3] : 0;
-      fprintf(f,
-              "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
-              "\"args\": {\"name\": \"rank %d (stage %d)\"}},\n",
-              r, r, st_r);
-      for (int64_t i = 0; i < ns[r]; i++, at += 6) {
-        const int64_t *e = every + at;
-        fprintf(f,
-                "{\"name\": \"%s %d\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, "
-                "\"ts\": %.3f, \"dur\": %.3f, \"args\": {\"step\": %d, \"microbatch\": %d, "
-                "\"stage\": %d}},\n",
-                kind_name((int)e[1]), (int)e[2], kind_name((int)e[1]), r,
-                (double)(e[4] - t0) * 1e-3, (double)(e[5] - e[4]) * 1e-3, (int)e[0], (int)e[2],
-                (int)e[3]);
-      }
-    }
-    fprintf(f, "{\"name\": \"end\", \"ph\": \"i\", \"pid\": 0, \"tid\": 0, \"ts\": 0, \"s\": "
-               "\"g\"}\n]}\n");
-    if (fclose(f) != 0) {
-      free(text);
-      st = TSR_ERROR(TSR_ENOMEM, "trace: out of memory");
-      goto cleanup;
-    }
-    st = tsr_file_write_atomic(path, text, len);
-    free(text);
-    if (st != TSR_OK)
-      st = tsr_error_prefix(st, "%s", tsr_config_where(c, "output", "trace", where, sizeof where));
-  }
-cleanup:
-  free(counts);
-  free(mine);
-  free(every);
-  free(ns);
-  return st;
+  return report_in_flight(t, all, out);
 }

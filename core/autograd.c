@@ -7,6 +7,7 @@
 #include "registry_impl.h"
 #include "tessera/autograd.h"
 #include "tessera/breadcrumb.h"
+#include "trace_impl.h"
 
 #define TAPE_MAX_IO 8 /* inputs or outputs of one node */
 
@@ -315,8 +316,10 @@ static tsr_status run_backward(tsr_tape_t *t, tape_node *node) {
   const char *op = b->op, *pass = b->op_pass;
   b->op = node->op;
   b->op_pass = "backward";
+  int64_t t0 = tsr_trace_clock();
   tsr_status st =
       node->backward(t, node->inputs, node->ninputs, node->outputs, node->noutputs, node->saved);
+  tsr_trace_op(node->op, "backward", t0);
   b->op = op;
   b->op_pass = pass;
   return st;

@@ -7,6 +7,7 @@
 
 #include "comm_impl.h"
 #include "kernel_table.h"
+#include "trace_impl.h"
 
 int64_t tsr_chunk_size(int64_t total, int n, int i) {
   if (n <= 0 || i < 0 || i >= n || total <= 0) return 0;
@@ -365,8 +366,11 @@ void tsr_comm_bytes_reset(tsr_comm_t *c) {
   for (int i = 0; i < c->n_counters; i++) c->counters[i].bytes = 0;
 }
 
-static void count_bytes(tsr_group_t *g, uint64_t bytes) {
+/* Adds the bytes this member sent to the group's counter and, when the thread records a trace,
+ * the call from t0 (tsr_trace_clock at its start) to now. */
+static void count_bytes(tsr_group_t *g, uint64_t bytes, const char *call, int64_t t0) {
   g->comm->counters[g->counter].bytes += bytes;
+  if (t0 >= 0) tsr_trace_comm(call, g->label, t0, bytes);
 }
 
 /* ---- Argument checks ---- */
@@ -430,13 +434,14 @@ tsr_status tsr_comm_all_reduce(tsr_group_t *g, const void *send, void *recv, siz
     if (count && send != recv) tsr_memcpy_any(recv, send, count * es);
     return TSR_OK;
   }
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK(tsr_stage_begin(g, &send, count * es, &recv, count * es, &sg));
   tsr_call call = {
       .kind = TSR_COLL_ALL_REDUCE, .dt = dt, .op = op, .count = count, .send = send, .recv = recv};
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->all_reduce(g, &call)));
   uint64_t own = (uint64_t)tsr_chunk_size((int64_t)count, g->n, g->index) * es;
-  count_bytes(g, (uint64_t)count * es - own + own * (uint64_t)(g->n - 1));
+  count_bytes(g, (uint64_t)count * es - own + own * (uint64_t)(g->n - 1), "all_reduce", t0);
   return TSR_OK;
 }
 
@@ -457,6 +462,7 @@ tsr_status tsr_comm_all_gather(tsr_group_t *g, const void *send, size_t send_cou
   tsr_status st = TSR_OK;
   size_t *owned = NULL;
   if (!counts) TSR_CHECK_GOTO(uniform_counts(g, send_count, &owned), st);
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK_GOTO(tsr_stage_begin(g, &send, send_count * es, &recv, total * es, &sg), st);
   tsr_call call = {.kind = TSR_COLL_ALL_GATHER,
@@ -465,7 +471,7 @@ tsr_status tsr_comm_all_gather(tsr_group_t *g, const void *send, size_t send_cou
                    .send = send,
                    .recv = recv};
   TSR_CHECK_GOTO(tsr_stage_end(&sg, g->comm->iface->all_gather(g, &call)), st);
-  count_bytes(g, (uint64_t)send_count * es * (uint64_t)(g->n - 1));
+  count_bytes(g, (uint64_t)send_count * es * (uint64_t)(g->n - 1), "all_gather", t0);
 cleanup:
   free(owned);
   return st;
@@ -490,6 +496,7 @@ tsr_status tsr_comm_reduce_scatter(tsr_group_t *g, const void *send, void *recv,
   tsr_status st = TSR_OK;
   size_t *owned = NULL;
   if (!counts) TSR_CHECK_GOTO(uniform_counts(g, recv_count, &owned), st);
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK_GOTO(tsr_stage_begin(g, &send, total * es, &recv, recv_count * es, &sg), st);
   tsr_call call = {.kind = TSR_COLL_REDUCE_SCATTER,
@@ -499,7 +506,7 @@ tsr_status tsr_comm_reduce_scatter(tsr_group_t *g, const void *send, void *recv,
                    .send = send,
                    .recv = recv};
   TSR_CHECK_GOTO(tsr_stage_end(&sg, g->comm->iface->reduce_scatter(g, &call)), st);
-  count_bytes(g, (uint64_t)(total - recv_count) * es);
+  count_bytes(g, (uint64_t)(total - recv_count) * es, "reduce_scatter", t0);
 cleanup:
   free(owned);
   return st;
@@ -526,6 +533,7 @@ tsr_status tsr_comm_all_to_all(tsr_group_t *g, const void *send, const size_t *s
     if (sent && send != recv) tsr_memcpy_any(recv, send, sent * es);
     return TSR_OK;
   }
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK(tsr_stage_begin(g, &send, sent * es, &recv, got * es, &sg));
   tsr_call call = {.kind = TSR_COLL_ALL_TO_ALL,
@@ -535,7 +543,7 @@ tsr_status tsr_comm_all_to_all(tsr_group_t *g, const void *send, const size_t *s
                    .send = send,
                    .recv = recv};
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->all_to_all(g, &call)));
-  count_bytes(g, (uint64_t)(sent - send_counts[g->index]) * es);
+  count_bytes(g, (uint64_t)(sent - send_counts[g->index]) * es, "all_to_all", t0);
   return TSR_OK;
 }
 
@@ -546,12 +554,16 @@ tsr_status tsr_comm_broadcast(tsr_group_t *g, void *buf, size_t count, tsr_dtype
   if (g->n == 1) return TSR_OK;
   size_t bytes = count * tsr_dtype_size(dt);
   const void *send = buf;
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK(tsr_stage_begin(g, &send, bytes, &buf, bytes, &sg));
   tsr_call call = {
       .kind = TSR_COLL_BROADCAST, .dt = dt, .root = root, .count = count, .send = buf, .recv = buf};
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->broadcast(g, &call)));
-  if (g->index == root) count_bytes(g, (uint64_t)count * tsr_dtype_size(dt) * (uint64_t)(g->n - 1));
+  /* the root sends to every other member; the others send nothing */
+  uint64_t sent =
+      g->index == root ? (uint64_t)count * tsr_dtype_size(dt) * (uint64_t)(g->n - 1) : 0;
+  count_bytes(g, sent, "broadcast", t0);
   return TSR_OK;
 }
 
@@ -559,7 +571,10 @@ tsr_status tsr_comm_barrier(tsr_group_t *g) {
   if (!g) return TSR_ERROR(TSR_EINVAL, "barrier: group is NULL");
   if (g->n == 1) return TSR_OK;
   tsr_call call = {.kind = TSR_COLL_BARRIER, .dt = TSR_F32};
-  return g->comm->iface->barrier(g, &call);
+  int64_t t0 = tsr_trace_clock();
+  TSR_CHECK(g->comm->iface->barrier(g, &call));
+  count_bytes(g, 0, "barrier", t0);
+  return TSR_OK;
 }
 
 /* ---- Point to point ---- */
@@ -571,10 +586,11 @@ tsr_status tsr_comm_send(tsr_group_t *g, int peer, const void *buf, size_t count
   if (peer == g->index)
     return TSR_ERROR(TSR_EINVAL, "send on group '%s': rank %d sends to itself; use sendrecv",
                      g->label, g->ranks[peer]);
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK(tsr_stage_begin(g, &buf, count * tsr_dtype_size(dt), NULL, 0, &sg));
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->send(g, peer, buf, count, dt)));
-  count_bytes(g, (uint64_t)count * tsr_dtype_size(dt));
+  count_bytes(g, (uint64_t)count * tsr_dtype_size(dt), "send", t0);
   return TSR_OK;
 }
 
@@ -585,9 +601,12 @@ tsr_status tsr_comm_recv(tsr_group_t *g, int peer, void *buf, size_t count, tsr_
   if (peer == g->index)
     return TSR_ERROR(TSR_EINVAL, "recv on group '%s': rank %d receives from itself; use sendrecv",
                      g->label, g->ranks[peer]);
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK(tsr_stage_begin(g, NULL, 0, &buf, count * tsr_dtype_size(dt), &sg));
-  return tsr_stage_end(&sg, g->comm->iface->recv(g, peer, buf, count, dt));
+  TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->recv(g, peer, buf, count, dt)));
+  count_bytes(g, 0, "recv", t0);
+  return TSR_OK;
 }
 
 tsr_status tsr_comm_sendrecv(tsr_group_t *g, int send_peer, const void *send, size_t send_count,
@@ -613,10 +632,11 @@ tsr_status tsr_comm_sendrecv(tsr_group_t *g, int send_peer, const void *send, si
                      "sendrecv on group '%s': rank %d exchanges with itself on one side only "
                      "(send_peer %d, recv_peer %d)",
                      g->label, g->ranks[g->index], send_peer, recv_peer);
+  int64_t t0 = tsr_trace_clock();
   tsr_stage sg;
   TSR_CHECK(tsr_stage_begin(g, &send, send_count * es, &recv, recv_count * es, &sg));
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->sendrecv(g, send_peer, send, send_count, recv_peer,
                                                         recv, recv_count, dt)));
-  count_bytes(g, (uint64_t)send_count * es);
+  count_bytes(g, (uint64_t)send_count * es, "sendrecv", t0);
   return TSR_OK;
 }

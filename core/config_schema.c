@@ -150,7 +150,8 @@ const tsr_schema_entry tsr_schema[] = {
     KEY_STRING("output", "dump", output.dump, "",
                "safetensors file of logits, loss, grads and updated params of step 1"),
     KEY_STRING("output", "trace", output.trace, "",
-               "Chrome trace / Perfetto JSON of compute and communication per rank"),
+               "Chrome trace / Perfetto JSON, a track per rank, any mesh: steps and their "
+               "phases, ops, communication per mesh dim, pipeline actions"),
 
     XKEY_STRING("eval", "source", eval.source, "",
                 "held-out data, as [data] source (batch_size and seq_len from [data]); empty = "

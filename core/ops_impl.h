@@ -6,15 +6,18 @@
 #include "tessera/breadcrumb.h"
 #include "tessera/kernels.h"
 #include "tessera/ops.h"
+#include "trace_impl.h"
 
-/* The op in the breadcrumb while its forward runs: enter before, leave with the result. */
+/* The op in the breadcrumb while its forward runs: enter before, leave with the result. The
+ * forward is also a trace event when the thread records one (tessera/trace.h). */
 typedef struct tsr_op_crumb {
   const char *op, *pass;
+  int64_t t0; /* tsr_trace_clock at the start; -1 when the thread records no trace */
 } tsr_op_crumb;
 
 static inline tsr_op_crumb tsr_op_crumb_enter(const char *op) {
   tsr_breadcrumb *b = tsr_breadcrumb_here();
-  tsr_op_crumb c = {b->op, b->op_pass};
+  tsr_op_crumb c = {b->op, b->op_pass, tsr_trace_clock()};
   b->op = op;
   b->op_pass = "forward";
   return c;
@@ -22,6 +25,7 @@ static inline tsr_op_crumb tsr_op_crumb_enter(const char *op) {
 
 static inline tsr_status tsr_op_crumb_leave(tsr_op_crumb c, tsr_status st) {
   tsr_breadcrumb *b = tsr_breadcrumb_here();
+  if (c.t0 >= 0) tsr_trace_op(b->op, "forward", c.t0);
   b->op = c.op;
   b->op_pass = c.pass;
   return st;

@@ -11,6 +11,7 @@
 #include "tessera/dtensor.h"
 #include "tessera/device.h"
 #include "tessera/registry.h"
+#include "tessera/trace.h"
 #include "tessera/version.h"
 
 #endif

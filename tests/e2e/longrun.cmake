@@ -14,3 +14,12 @@ add_test(NAME e2e_guard
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/guard.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
           ${E2E_OUT}/guard)
 set_tests_properties(e2e_guard PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "guard: ok")
+
+# [output] trace for any mesh: valid JSON, a track per rank with steps, ops, communication per
+# mesh dim and (with pp) pipeline actions, nested.
+add_executable(trace_check ${CMAKE_CURRENT_SOURCE_DIR}/trace_check.c)
+target_link_libraries(trace_check PRIVATE PkgConfig::CJSON)
+add_test(NAME e2e_trace
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/trace.sh ${TESSERA_BIN} $<TARGET_FILE:trace_check>
+          ${E2E_JOBS}/mesh_matrix.ini ${E2E_OUT}/trace)
+set_tests_properties(e2e_trace PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "trace: ok")

@@ -61,9 +61,10 @@ foreach(c "pp2;1f1b;8;2 1" "pp3;1f1b;8;3 2 1" "pp3;1f1b;2;2 2 1" "pp2;gpipe;4;4 
     PASS_REGULAR_EXPRESSION "in flight per rank: ${want}\n.*MATCH: 0 tensors")
 endforeach()
 
-# The trace has a track per rank with every forward, backward and transfer.
+# The trace has a track per rank with every forward, backward and transfer of the schedule (and
+# the ops and communication inside them, tests/e2e/trace.sh).
 add_test(NAME e2e_pp_trace
-  COMMAND sh -c "\"$0\" run \"$1\" --no-peak --stop-at 1 --set output.trace=\"$2\" >/dev/null && grep -c '\"ph\": \"X\"' \"$2\" && grep -o 'rank 1 (stage 1)' \"$2\""
+  COMMAND sh -c "\"$0\" run \"$1\" --no-peak --stop-at 1 --set output.trace=\"$2\" >/dev/null && grep -c '\"cat\": \"pipeline\"' \"$2\" && grep -o 'rank 1 (stage 1)' \"$2\""
   ${TESSERA_BIN} ${E2E_JOBS}/pp2.ini ${E2E_OUT}/pp2_trace.json)
 # 2 microbatches of 1F1B: rank 0 forward, send, backward, receive per microbatch (8), rank 1
 # receive, forward, backward, send (8)
