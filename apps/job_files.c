@@ -160,6 +160,8 @@ tsr_status tsr_app_check_files(const tsr_config *c) {
   }
   if (c->output.dump[0]) add(c, out, &nout, "output", "dump", "", c->output.dump, NULL);
   if (c->output.trace[0]) add(c, out, &nout, "output", "trace", "", c->output.trace, NULL);
+  const char *metrics = tsr_config_ext_of(c)->output.metrics;
+  if (metrics[0]) add(c, out, &nout, "output", "metrics", "", metrics, NULL);
 
   for (int i = 1; i < nin; i++) TSR_CHECK(check_input(c, &in[i]));
   for (int i = 0; i < nout; i++) TSR_CHECK(check_output(c, &out[i]));

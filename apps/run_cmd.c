@@ -43,7 +43,8 @@ static const char run_usage[] =
 /* Keys whose values are paths, with the prefix before the path ("text:" for data sources). */
 static bool is_path_key(const char *assignment) {
   static const char *const keys[] = {
-      "checkpoint.load=", "checkpoint.save=", "output.dump=", "output.trace=", "data.source="};
+      "checkpoint.load=", "checkpoint.save=", "output.dump=", "output.trace=",
+      "output.metrics=",  "data.source=",     "eval.source="};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (!strncmp(assignment, keys[i], strlen(keys[i]))) return true;
   return false;
@@ -109,10 +110,12 @@ static char *absolute_set(const char *assignment) {
   if (!strncmp(assignment, "plugins.path=", 13)) return absolute_dirs(assignment);
   const char *eq = strchr(assignment, '=');
   const char *val = eq ? eq + 1 : assignment;
-  const char *colon = strncmp(assignment, "data.source=", 12) ? NULL : strchr(val, ':');
+  /* a data source is KIND:PATH, or a kind alone (synthetic) */
+  bool source =
+      !strncmp(assignment, "data.source=", 12) || !strncmp(assignment, "eval.source=", 12);
+  const char *colon = source ? strchr(val, ':') : NULL;
   const char *path = colon ? colon + 1 : val;
-  bool keep = !is_path_key(assignment) || !path[0] || path[0] == '/' ||
-              (!colon && !strncmp(assignment, "data.source=", 12));
+  bool keep = !is_path_key(assignment) || !path[0] || path[0] == '/' || (!colon && source);
   char *cwd = keep ? NULL : current_dir();
   if (!keep && !cwd) {
     fprintf(stderr,

@@ -240,6 +240,8 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   tsr_lr_config lrc = {c->optimizer.lr_schedule, c->optimizer.lr, c->optimizer.min_lr,
                        c->optimizer.warmup_steps, c->job.steps};
   TSR_CHECK_GOTO(tsr_train_trace_begin(t), st);
+  if (lead) st = tsr_train_metrics_open(&ctx->log, c, t->start_step);
+  TSR_CHECK_GOTO(agree(all, st), st);
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
   for (int64_t step = t->start_step + 1; step <= end; step++) {
     bool first = step == t->start_step + 1 && c->output.dump[0] && !check;
@@ -296,6 +298,8 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     tsr_trace_add("step", "step", trace_step, step, -1);
   }
   if (lead) tsr_train_log_end(&ctx->log);
+  if (lead) st = tsr_train_metrics_close(&ctx->log, c);
+  TSR_CHECK_GOTO(agree(all, st), st);
   if (check) goto cleanup;
   if (train && end > t->start_step) TSR_CHECK_GOTO(report_mem(t, all, &mem, ctx->log.out), st);
   st = tsr_train_pipe_finish(t, all, ctx->log.out);
@@ -309,6 +313,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   st = tsr_train_trace_write(t, all, ctx->log.out);
   TSR_CHECK_GOTO(agree(all, st), st);
 cleanup:
+  if (lead) tsr_train_metrics_close(&ctx->log, c); /* after a failure: the lines so far */
   tsr_train_trace_end(t);
   tsr_train_eval_close(&ev);
   tsr_train_dump_free(&dump);

@@ -108,6 +108,50 @@ void tsr_train_log_comm(tsr_train_log *l, const tsr_comm_t *comm) {
   tsr_comm_bytes_foreach(comm, add_label, &f);
 }
 
+/* Seconds since the epoch, for the metrics' "time". */
+static double wall_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* `s` with '"' and '\\' escaped and control characters left out, into buf. */
+static const char *json_str(const char *s, char *buf, size_t len) {
+  size_t o = 0;
+  for (; *s && o + 3 < len; s++) {
+    if (*s == '"' || *s == '\\') buf[o++] = '\\';
+    if ((unsigned char)*s >= 0x20) buf[o++] = *s;
+  }
+  buf[o] = '\0';
+  return buf;
+}
+
+/* One line of [output] metrics, written whole and flushed. */
+static void metrics_line(tsr_train_log *l, const char *line) {
+  if (!l->metrics) return;
+  if (fputs(line, l->metrics) < 0 || fflush(l->metrics) != 0) l->metrics_failed = true;
+}
+
+static void metrics_step(tsr_train_log *l, const tsr_train_step_stats *s, double tps, double flops,
+                         double mfu) {
+  if (!l->metrics) return;
+  char line[2560], a[64], b[64], c[64], skip[1536];
+  int n = snprintf(line, sizeof line,
+                   "{\"step\": %lld, \"kind\": \"%s\", \"time\": %.3f, \"loss\": %s, \"lr\": %.6g, "
+                   "\"grad_norm\": %s, \"tokens_per_s\": %.1f, \"flops_per_s\": %.6g, \"mfu\": %s, "
+                   "\"peak_bytes\": %lld, \"peak_bytes_min\": %lld, \"secs\": %.6f",
+                   (long long)s->step, s->train ? "train" : "forward", wall_s(),
+                   json_num(s->loss, "%.6f", a, sizeof a), s->lr,
+                   json_num(s->train ? s->grad_norm : NAN, "%.6g", b, sizeof b), tps, flops,
+                   json_num(mfu >= 0 ? mfu : NAN, "%.4f", c, sizeof c), (long long)s->peak_bytes,
+                   (long long)s->peak_bytes_min, s->secs);
+  if (s->skipped)
+    n += snprintf(line + n, sizeof line - (size_t)n, ", \"skipped\": \"%s\"",
+                  json_str(s->skipped, skip, sizeof skip));
+  snprintf(line + n, sizeof line - (size_t)n, "}\n");
+  metrics_line(l, line);
+}
+
 void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
   if (l->steps_done == 0) l->loss_first = s->loss;
   l->loss_last = s->loss;
@@ -116,6 +160,7 @@ void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
   double tps = (double)l->tokens_per_step / s->secs;
   double flops = tps * l->flops_per_token / (s->train ? 1.0 : 3.0);
   double mfu = l->peak_gflops > 0 ? flops / (l->peak_gflops * 1e9) : -1;
+  metrics_step(l, s, tps, flops, mfu);
   if (l->json) {
     char lb[64], gb[64];
     fprintf(l->out,
@@ -183,6 +228,17 @@ void tsr_train_log_end(tsr_train_log *l) {
 }
 
 void tsr_train_log_eval(tsr_train_log *l, const tsr_train_eval_result *e) {
+  if (l->metrics) {
+    char line[512], a[64], b[64];
+    snprintf(line, sizeof line,
+             "{\"step\": %lld, \"kind\": \"eval\", \"time\": %.3f, \"eval_loss\": %s, "
+             "\"eval_ppl\": %s, \"eval_batches\": %lld, \"eval_tokens\": %lld, \"eval_secs\": "
+             "%.6f}\n",
+             (long long)e->step, wall_s(), json_num(e->loss, "%.6f", a, sizeof a),
+             json_num(e->ppl, "%.6g", b, sizeof b), (long long)e->batches, (long long)e->tokens,
+             e->secs);
+    metrics_line(l, line);
+  }
   if (l->json) {
     char a[64], b[64];
     fprintf(l->out,

@@ -23,6 +23,11 @@ typedef struct tsr_train_log {
   char comm[512]; /* "dp 1.2 MiB, tp 3.4 MiB" for the step being logged */
   double loss_first, loss_last, secs_total;
   int64_t steps_done;
+  /* [output] metrics (train_metrics.c): the JSON Lines file, NULL without one; the lines a
+   * resumed run kept; whether a write failed (said at the end) */
+  FILE *metrics;
+  int64_t metrics_kept;
+  bool metrics_failed;
 } tsr_train_log;
 
 /* What one step measured. */
@@ -49,6 +54,12 @@ void tsr_train_log_begin(tsr_train_log *l, int64_t start_step, int64_t end_step)
 void tsr_train_log_comm(tsr_train_log *l, const tsr_comm_t *comm);
 void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s);
 void tsr_train_log_end(tsr_train_log *l);
+/* [output] metrics: makes the file (a resumed run, at `start_step` > 0, keeps the lines of the
+ * steps up to it) and keeps it open in l->metrics; tsr_train_log_step and tsr_train_log_eval
+ * append a line each. Close syncs it and reports a write that failed. Rank 0 only. */
+tsr_status tsr_train_metrics_open(tsr_train_log *l, const tsr_config *c, int64_t start_step);
+tsr_status tsr_train_metrics_close(tsr_train_log *l, const tsr_config *c);
+
 /* One line (or JSON object) for an evaluation on held-out data. */
 struct tsr_train_eval_result;
 void tsr_train_log_eval(tsr_train_log *l, const struct tsr_train_eval_result *e);

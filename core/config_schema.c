@@ -152,6 +152,9 @@ const tsr_schema_entry tsr_schema[] = {
     KEY_STRING("output", "trace", output.trace, "",
                "Chrome trace / Perfetto JSON, a track per rank, any mesh: steps and their "
                "phases, ops, communication per mesh dim, pipeline actions"),
+    XKEY_STRING("output", "metrics", output.metrics, "",
+                "JSON Lines file, one object per step (loss, lr, grad norm, tokens/s, MFU, peak "
+                "memory) and per evaluation (eval loss), written as the run goes; empty = none"),
 
     XKEY_STRING("eval", "source", eval.source, "",
                 "held-out data, as [data] source (batch_size and seq_len from [data]); empty = "

@@ -177,6 +177,9 @@ typedef struct tsr_config_ext {
      * these values */
     tsr_on_nonfinite on_nonfinite;
   } job;
+  struct {
+    char metrics[TSR_MAX_VALUE]; /* JSON Lines file of every step and evaluation; "" = none */
+  } output;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

@@ -59,6 +59,12 @@ run --set data.source="text:$text" --set eval.source="text:$text" --set eval.bat
   >"$dir/text.log" 2>&1 || fail "text eval"
 [ "$(evals "$dir/text.log" | cut -d' ' -f1)" = 4 ] || fail "text: one evaluation after step 4 expected"
 
+# a relative --set eval.source=KIND:PATH is taken from the current directory, as for [data]
+mkdir -p "$dir/cwd"
+cp "$text" "$dir/cwd/held.txt"
+(cd "$dir/cwd" && "$bin" run "$job" --no-peak --json --set job.steps=1 --set model.vocab_size=256 \
+  --set eval.source=text:held.txt >"$dir/rel.log" 2>&1) || { cat "$dir/rel.log"; fail "relative eval.source"; }
+
 # refused before any step, naming the key
 expect() {
   want=$1 re=$2

@@ -23,3 +23,13 @@ add_test(NAME e2e_trace
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/trace.sh ${TESSERA_BIN} $<TARGET_FILE:trace_check>
           ${E2E_JOBS}/mesh_matrix.ini ${E2E_OUT}/trace)
 set_tests_properties(e2e_trace PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "trace: ok")
+
+# [output] metrics: a JSON object per step and per evaluation with the log's figures, rank 0
+# alone, kept up to the checkpoint on resume and up to the failure on a failed run, checked and
+# written like every output.
+add_executable(jsonl_check ${CMAKE_CURRENT_SOURCE_DIR}/jsonl_check.c)
+target_link_libraries(jsonl_check PRIVATE PkgConfig::CJSON)
+add_test(NAME e2e_metrics
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/metrics.sh ${TESSERA_BIN} $<TARGET_FILE:jsonl_check>
+          ${E2E_JOBS}/mesh_matrix.ini ${E2E_OUT}/metrics)
+set_tests_properties(e2e_metrics PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "metrics: ok")
