@@ -11,6 +11,7 @@
  *   conform_rules.c      L2: op rules, module styles and redistribute transitions against dense
  *                        references
  *   conform_ref64.c      the float64 references of the ops that L2 holds f32 results against
+ *   conform_leaks.c      heap and rank-allocator growth: L1.leaks, and the leak checks of L2
  *   conform_schedules.c  L2: pipeline schedules, simulated stage against stage
  *   conform_model.c      L3: the Llama model against the 1-rank run
  */
@@ -133,6 +134,37 @@ void cf_load_list(const cf_plugin *p, char *buf, size_t len);
 tsr_status cf_job_load(const char *text, tsr_config **cfg, tsr_registry_t **reg,
                        tsr_plugin_set_t **set);
 void cf_job_free(tsr_config *cfg, tsr_registry_t *reg, tsr_plugin_set_t *set);
+/* As cf_job_load, into a registry of cf_watched_registry_new (`watched`), or a plain one. */
+tsr_status cf_job_load_into(const char *text, bool watched, tsr_config **cfg, tsr_registry_t **reg,
+                            tsr_plugin_set_t **set);
+tsr_status cf_job_load_watched(const char *text, tsr_config **cfg, tsr_registry_t **reg,
+                               tsr_plugin_set_t **set);
+
+/* ---- Rank allocators, watched (conform_job.c) ----
+ * A registry from cf_watched_registry_new holds, before any plugin's registrations, the suite's
+ * rank state CF_WATCH_STATE and a before-step optimizer hook that makes it. Made on a rank (by
+ * the hook, or by cf_rank_watch), its teardown runs last in tsr_rank_free, when the model, the
+ * optimizer and every plugin's rank state are gone, and adds the bytes the rank's allocator still
+ * holds to cf_rank_leftover: tensors a rule, transition, hook or rank state never freed. */
+#define CF_WATCH_STATE "conform.watch"
+extern _Atomic int64_t cf_rank_leftover;
+tsr_status cf_watched_registry_new(tsr_registry_t **reg);
+void cf_rank_watch(tsr_rank_t *r);
+
+/* ---- Heap growth (conform_leaks.c) ---- */
+
+/* Bytes of the heap in use (mallinfo2, every arena); -1 where it cannot be told. */
+int64_t cf_heap_in_use(void);
+/* Runs fn(arg) `warm` times, then twice `reps` times, measuring the heap's growth over each
+ * window of reps (the smaller of the two) and what the watched rank allocators held after all of
+ * them. Stops at fn's first failure. */
+typedef tsr_status (*cf_rep_fn)(void *arg);
+tsr_status cf_measure(cf_rep_fn fn, void *arg, int warm, int reps, int64_t *heap_growth,
+                      int64_t *rank_leftover);
+/* Below this many heap bytes per repetition growth is noise (docs/conformance.md). */
+#define CF_LEAK_BYTES_PER_REP 256
+/* L1.leaks (conform_leaks.c). */
+cf_result cf_leaks_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
 
 /* The in-tree plugins, which L1 and L3 combine with the one under test when they are found, and
  * zdp, the suite's own data split on a fresh dim (plugins/conform). */
@@ -216,6 +248,9 @@ cf_result cf_style_test(const cf_plugin *p, const cf_test *t, char *msg, size_t 
 cf_result cf_schedule_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
 /* Adds the L3 tests: the model alone and with the other in-tree plugins (conform_model.c). */
 void cf_add_model_tests(const cf_plugin *p);
+/* Trains the job of `text` for `steps` steps as L3 does, in a watched registry, writing no files
+ * (conform_model.c). */
+tsr_status cf_train_text(const char *text, int steps);
 /* L1.jobs_isolated (conform_model.c): job 1 made, job 2 made and freed, then job 1 trained as L3
  * trains the model, against the 1-rank run. */
 cf_result cf_jobs_isolated_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);

@@ -432,6 +432,7 @@ void cf_add_contract_tests(const cf_plugin *p) {
   cf_add_test("L1.lifecycle", 1, l1_lifecycle, -1, 0, NULL);
   cf_add_test("L1.two_jobs", 1, l1_two_jobs, -1, 0, NULL);
   cf_add_test("L1.jobs_isolated", 1, cf_jobs_isolated_test, -1, 0, NULL);
+  cf_add_test("L1.leaks", 1, cf_leaks_test, -1, 0, NULL);
   cf_add_test("L1.unknown_key", 1, l1_unknown_key, -1, 0, NULL);
   cf_add_test("L1.bad_values", 1, l1_bad_values, -1, 0, NULL);
   cf_add_test("L1.rejections", 1, l1_rejections, -1, 0, NULL);

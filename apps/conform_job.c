@@ -58,12 +58,65 @@ void cf_load_list(const cf_plugin *p, char *buf, size_t len) {
   snprintf(buf + o, len - o, "%s", p->name);
 }
 
+/* ---- The rank allocators, watched ---- */
+
+_Atomic int64_t cf_rank_leftover;
+
+static tsr_status watch_setup(tsr_rank_t *r, void *ctx, void **state) {
+  (void)r, (void)ctx;
+  static int made; /* any non-NULL state */
+  *state = &made;
+  return TSR_OK;
+}
+
+/* Registered before any plugin, so it runs last in tsr_rank_free: after the model, the optimizer
+ * and every plugin's rank state are gone, just before the allocator is released. */
+static void watch_teardown(tsr_rank_t *r, void *state, void *ctx) {
+  (void)state, (void)ctx;
+  cf_rank_leftover += (int64_t)tsr_rank_allocator(r)->bytes_in_use;
+}
+
+static tsr_status watch_hook(tsr_rank_t *r, tsr_hook_when when, const tsr_optim_step *step,
+                             void *ctx) {
+  (void)when, (void)step, (void)ctx;
+  cf_rank_watch(r);
+  return TSR_OK;
+}
+
+void cf_rank_watch(tsr_rank_t *r) {
+  void *s;
+  if (tsr_rank_registry(r)) tsr_rank_state(r, CF_WATCH_STATE, &s);
+}
+
+tsr_status cf_watched_registry_new(tsr_registry_t **reg) {
+  TSR_CHECK(tsr_registry_new(reg));
+  tsr_rank_state_spec spec = {CF_WATCH_STATE, watch_setup, watch_teardown, NULL};
+  tsr_optim_hook hook = {CF_WATCH_STATE, TSR_HOOK_BEFORE_STEP, watch_hook, NULL};
+  tsr_status st = tsr_registry_add_rank_state(*reg, &spec);
+  if (st == TSR_OK) st = tsr_registry_add_optim_hook(*reg, &hook);
+  if (st != TSR_OK) {
+    tsr_registry_free(*reg);
+    *reg = NULL;
+  }
+  return st;
+}
+
+tsr_status cf_job_load_watched(const char *text, tsr_config **cfg, tsr_registry_t **reg,
+                               tsr_plugin_set_t **set) {
+  return cf_job_load_into(text, true, cfg, reg, set);
+}
+
 tsr_status cf_job_load(const char *text, tsr_config **cfg, tsr_registry_t **reg,
                        tsr_plugin_set_t **set) {
+  return cf_job_load_into(text, false, cfg, reg, set);
+}
+
+tsr_status cf_job_load_into(const char *text, bool watched, tsr_config **cfg, tsr_registry_t **reg,
+                            tsr_plugin_set_t **set) {
   *cfg = NULL, *reg = NULL, *set = NULL;
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_config_parse_string(text, "conform.ini", cfg), st);
-  TSR_CHECK_GOTO(tsr_registry_new(reg), st);
+  TSR_CHECK_GOTO(watched ? cf_watched_registry_new(reg) : tsr_registry_new(reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(*cfg, *reg, set), st);
   return TSR_OK;
 cleanup : {
@@ -207,7 +260,7 @@ static const void *find_item(const cf_plugin *p, const cf_item *it, int n, int *
     int shape[1] = {n};
     cf_job_text(text, sizeof text, it->kind == CF_ITEM_SCHED ? 0 : 1, dims, shape, load, model,
                 "train", extra);
-    if (cf_job_load(text, &job->cfg, &job->reg, &job->set) != TSR_OK) continue;
+    if (cf_job_load_watched(text, &job->cfg, &job->reg, &job->set) != TSR_OK) continue;
     const tsr_registry_t *reg = job->reg;
     for (int i = 0; it->kind == CF_ITEM_OP && i < tsr_registry_op_rule_count(reg); i++) {
       const tsr_op_rule *r = tsr_registry_op_rule_at(reg, i);

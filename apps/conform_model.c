@@ -64,17 +64,19 @@ static void l3_close(tsr_app_job *job);
 
 /* Parses `text`, sets the run's steps and files, loads its plugins and makes its mesh.
  * *rejected: the plugins refused the job. On failure everything made is freed. */
-static tsr_status l3_open(const char *text, const l3_files *f, tsr_app_job *job, bool *rejected) {
+static tsr_status l3_open_steps(const char *text, const l3_files *f, int steps, tsr_app_job *job,
+                                bool *rejected) {
   memset(job, 0, sizeof *job);
   tsr_status st = TSR_OK;
   char set[3][TSR_MAX_PATH + 64];
   *rejected = false;
-  snprintf(set[0], sizeof set[0], "output.dump=%s", f->dump);
-  snprintf(set[1], sizeof set[1], "checkpoint.save=%s", f->ckpt);
-  snprintf(set[2], sizeof set[2], "job.steps=%d", L3_STEPS);
+  snprintf(set[0], sizeof set[0], "job.steps=%d", steps);
+  snprintf(set[1], sizeof set[1], "output.dump=%s", f ? f->dump : "");
+  snprintf(set[2], sizeof set[2], "checkpoint.save=%s", f ? f->ckpt : "");
   TSR_CHECK_GOTO(tsr_config_parse_string(text, "conform-l3.ini", &job->cfg), st);
-  for (int i = 0; i < 3; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, set[i]), st);
-  TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
+  for (int i = 0; i < (f ? 3 : 1); i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, set[i]), st);
+  /* with the suite's watch of the rank allocators (cf_rank_leftover) */
+  TSR_CHECK_GOTO(cf_watched_registry_new(&job->reg), st);
   st = tsr_plugin_set_load(job->cfg, job->reg, &job->plugins);
   if (st != TSR_OK) {
     *rejected = true;
@@ -95,6 +97,10 @@ cleanup : {
   return st;
 }
 
+static tsr_status l3_open(const char *text, const l3_files *f, tsr_app_job *job, bool *rejected) {
+  return l3_open_steps(text, f, L3_STEPS, job, rejected);
+}
+
 static void l3_close(tsr_app_job *job) {
   tsr_mesh_free(job->mesh);
   tsr_registry_free(job->reg); /* before the plugins: it points into them */
@@ -103,9 +109,9 @@ static void l3_close(tsr_app_job *job) {
   memset(job, 0, sizeof *job);
 }
 
-/* Trains the opened job for L3_STEPS steps, writing its files. */
+/* Trains the opened job, writing its files (f NULL: none, and no log). */
 static tsr_status l3_train(const tsr_app_job *job, const l3_files *f) {
-  FILE *out = fopen(f->log, "w");
+  FILE *out = fopen(f ? f->log : "/dev/null", "w");
   tsr_train_opts opts = {0, false, true, 0, out ? out : stdout};
   tsr_status st = tsr_train_run(job, &opts);
   if (out) fclose(out);
@@ -117,6 +123,18 @@ static tsr_status l3_run(const char *text, const l3_files *f, bool *rejected) {
   tsr_app_job job;
   TSR_CHECK(l3_open(text, f, &job, rejected));
   tsr_status st = l3_train(&job, f);
+  char keep[4096];
+  snprintf(keep, sizeof keep, "%s", tsr_last_error());
+  l3_close(&job);
+  if (st != TSR_OK) tsr_error(st, "%s", keep);
+  return st;
+}
+
+tsr_status cf_train_text(const char *text, int steps) {
+  tsr_app_job job;
+  bool rejected;
+  TSR_CHECK(l3_open_steps(text, NULL, steps, &job, &rejected));
+  tsr_status st = l3_train(&job, NULL);
   char keep[4096];
   snprintf(keep, sizeof keep, "%s", tsr_last_error());
   l3_close(&job);
@@ -318,6 +336,7 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
     goto done;
   }
   cf_job_text(text, sizeof text, nd, dims, shape, load, 2, "train", extra);
+  cf_rank_leftover = 0;
   tsr_status st = l3_run(text, &got, &rejected);
   if (st != TSR_OK) {
     /* beside other plugins, or with its keys changed, a refusal is a claim not made */
@@ -327,6 +346,11 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
     goto done;
   }
   res = l3_compare(&got, &ref, dims[0], world, msg, len);
+  if (res != CF_FAIL && cf_rank_leftover)
+    res = cf_say(msg, len, CF_FAIL,
+                 "the rank allocators still held %lld bytes when the ranks were freed after the "
+                 "run: tensors a rule, transition, hook or rank state made and never freed",
+                 (long long)cf_rank_leftover);
 done:
   l3_files_remove(&ref);
   l3_files_remove(&got);

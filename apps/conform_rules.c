@@ -304,6 +304,7 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
   int n = tsr_comm_world(comm);
   const char *names[1] = {c->dim};
   TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
+  cf_rank_watch(r); /* its allocator is checked when the rank is freed (cf_rank_leftover) */
   TSR_CHECK_GOTO(tsr_rank_new(comm, NULL, &dense), st);
   TSR_CHECK_GOTO(tsr_mesh_init(n, 1, &n, names, &m), st);
   TSR_CHECK_GOTO(op_inputs(c->op, &c->s, full, &nin), st);
@@ -391,6 +392,52 @@ static bool refusal(tsr_status st) {
   return (st == TSR_EINVAL || st == TSR_ENOTSUP) && e[0];
 }
 
+/* ---- Leaks ----
+ * On a mesh of 2, once per test (each test is its own process), the first case that computes is
+ * repeated (cf_measure): the heap must not grow and the rank allocators must be empty when the
+ * ranks are freed. */
+
+static bool leak_checked;
+
+typedef struct leak_case {
+  tsr_rank_fn fn;
+  void *arg;
+  int n;
+} leak_case;
+
+static tsr_status leak_once(void *arg) {
+  const leak_case *l = arg;
+  return tsr_local_launch(l->n, L2_TIMEOUT_S, l->fn, l->arg);
+}
+
+/* False, with the reason in msg, when repeating fn leaks. `what` names the registration. */
+static bool no_leak(tsr_rank_fn fn, void *arg, int n, const char *what, char *msg, size_t len) {
+  if (n != 2 || leak_checked || cf_heap_in_use() < 0) return true;
+  leak_checked = true;
+  leak_case l = {fn, arg, n};
+  int64_t heap, ranks;
+  const int reps = 8;
+  if (cf_measure(leak_once, &l, 2, reps, &heap, &ranks) != TSR_OK) {
+    snprintf(msg, len, "%s, repeated to look for leaks: %s", what, tsr_last_error());
+    return false;
+  }
+  if (heap >= (int64_t)CF_LEAK_BYTES_PER_REP * reps) {
+    snprintf(msg, len,
+             "%s leaks: the heap in use grew by %lld bytes per run (over %d runs, after 2 to "
+             "settle)",
+             what, (long long)(heap / reps), reps);
+    return false;
+  }
+  if (ranks > 0) {
+    snprintf(msg, len,
+             "%s leaks rank memory: the rank allocators still held %lld bytes when the ranks "
+             "were freed, over %d runs (tensors made and never freed)",
+             what, (long long)ranks, 2 * reps);
+    return false;
+  }
+  return true;
+}
+
 /* Runs the case over the shape variants and grades it. */
 static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
   int computed = 0, refused = 0;
@@ -409,6 +456,12 @@ static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
       return cf_say(msg, len, CF_FAIL, "%s=%d, %s: %s", c->dim, n, shape, c->msg);
     if (st == TSR_OK) {
       computed++;
+      char what[400], why2[CF_MSG];
+      snprintf(what, sizeof what, "%s %s, forward and backward on %s=%d, %s",
+               c->kind == L2_OP ? "op rule" : "module style",
+               c->kind == L2_OP ? c->rule->name : c->style->style, c->dim, n, shape);
+      if (!no_leak(l2_rank, c, n, what, why2, sizeof why2))
+        return cf_say(msg, len, CF_FAIL, "%s", why2);
     } else if (refusal(st)) {
       if (!refused++) snprintf(why, sizeof why, "%s: %s", shape, tsr_last_error());
     } else {
@@ -536,6 +589,7 @@ static tsr_status redist_rank(tsr_comm_t *comm, void *arg) {
   const char *names[1] = {c->dim};
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_rank_new(comm, c->reg, &r), st);
+  cf_rank_watch(r); /* its allocator is checked when the rank is freed (cf_rank_leftover) */
   TSR_CHECK_GOTO(tsr_mesh_init(n, 1, &n, names, &m), st);
   TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, 3, c->shape, &full), st);
   tsr_tensor_fill_arange(full, 1.0, -20.0); /* integers: every path must be exact */
@@ -598,6 +652,12 @@ static cf_result redist_body(const cf_plugin *p, const cf_test *t, const void *f
     memcpy(c.shape, shapes[sv], sizeof c.shape);
     tsr_status st = tsr_local_launch(n, L2_TIMEOUT_S, redist_rank, &c);
     matched += c.matched;
+    char what[400], why2[CF_MSG];
+    snprintf(what, sizeof what, "transition %s, each placement pair both ways on %s=%d", rule->name,
+             it->dim, n);
+    if (st == TSR_OK && !c.bad && c.matched &&
+        !no_leak(redist_rank, &c, n, what, why2, sizeof why2))
+      return cf_say(msg, len, CF_FAIL, "%s", why2);
     if (st == TSR_OK && c.bad)
       res = cf_say(msg, len, CF_FAIL, "%s=%d, shape [%lld, %lld, %lld]: %s", it->dim, n,
                    (long long)c.shape[0], (long long)c.shape[1], (long long)c.shape[2], c.msg);

@@ -42,6 +42,7 @@ static const char *const flaw_dims[] = {FLAW_DIM, NULL};
 /* Per-job state, reached through the rules' ctx as the contract says (FLAW_STATIC aside). */
 typedef struct flaw_job {
   float one;
+  void *table; /* FLAW_LEAK_INIT */
 } flaw_job;
 
 #ifdef FLAW_STATIC
@@ -57,9 +58,9 @@ static tsr_status flaw_init(const tsr_plugin_args *args, void **state) {
   current = s;
 #endif
 #ifdef FLAW_LEAK_INIT
-  /* a table for the job, meant to be freed in fini */
-  void *table = malloc(64 * 1024);
-  if (table) memset(table, 1, 64 * 1024);
+  /* a table for the job, which fini forgets to free */
+  s->table = malloc(64 * 1024);
+  if (s->table) memset(s->table, 1, 64 * 1024);
 #endif
   *state = s;
   return TSR_OK;
