@@ -239,8 +239,9 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   }
   tsr_lr_config lrc = {c->optimizer.lr_schedule, c->optimizer.lr, c->optimizer.min_lr,
                        c->optimizer.warmup_steps, c->job.steps};
-  TSR_CHECK_GOTO(tsr_train_trace_begin(t), st);
-  if (lead) st = tsr_train_metrics_open(&ctx->log, c, t->start_step);
+  /* the check step writes nothing: no trace, no metrics, no evaluation */
+  if (!check) TSR_CHECK_GOTO(tsr_train_trace_begin(t), st);
+  if (lead && !check) st = tsr_train_metrics_open(&ctx->log, c, t->start_step);
   TSR_CHECK_GOTO(agree(all, st), st);
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
   for (int64_t step = t->start_step + 1; step <= end; step++) {
@@ -288,7 +289,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     if (lead) tsr_train_log_comm(&ctx->log, tsr_rank_comm(t->r));
     peak_range(t, all, &s.peak_bytes_min, &s.peak_bytes);
     if (lead) tsr_train_log_step(&ctx->log, &s);
-    if (tsr_train_eval_due(&ev, step, end)) {
+    if (!check && tsr_train_eval_due(&ev, step, end)) {
       tsr_train_eval_result er;
       trace_at = tsr_trace_clock();
       TSR_CHECK_GOTO(tsr_train_eval_run(t, &ev, step, ids, labels, &er), st);

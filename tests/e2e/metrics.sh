@@ -4,7 +4,8 @@
 # run keeps the lines up to its checkpoint and appends; a run that fails keeps the lines of the
 # steps it logged; the path is checked before the run like every output (missing directory, a
 # directory, the same file as another output or the job file), a relative --set is taken from
-# the current directory, a symlink there is replaced and the mode of a replaced file kept.
+# the current directory, a symlink there is replaced and the mode of a replaced file kept; plan
+# writes neither the metrics nor the trace.
 set -u
 bin=$1 check=$2 job=$3 dir=$4
 rm -rf "$dir"
@@ -76,6 +77,13 @@ echo precious >"$dir/target.txt"
 ln -s target.txt "$dir/link.jsonl"
 run --set job.steps=1 --set output.metrics="$dir/link.jsonl" >/dev/null 2>&1 || fail "symlink run"
 [ "$(cat "$dir/target.txt")" = precious ] && [ ! -L "$dir/link.jsonl" ] || fail "the symlink was followed"
+
+# plan's check step writes neither the metrics nor the trace
+echo keep >"$dir/p.jsonl"
+printf '[output]\nmetrics = %s\ntrace = %s\n[eval]\nsource = synthetic\n' "$dir/p.jsonl" "$dir/p.json" |
+  cat "$job" - >"$dir/p.ini"
+"$bin" plan "$dir/p.ini" >"$dir/p.log" 2>&1 || { cat "$dir/p.log"; fail "plan"; }
+[ "$(cat "$dir/p.jsonl")" = keep ] && [ ! -e "$dir/p.json" ] || fail "plan wrote the metrics or the trace"
 
 # checked before the run like every output
 expect() {
