@@ -80,6 +80,7 @@ typedef struct cf_plugin {
   int nitems, items_dropped; /* registrations beyond CF_MAX_ITEMS are counted, not tested */
   cf_item items[CF_MAX_ITEMS];
   int n_optim_hooks, n_grad_hooks;
+  bool stage_dim; /* it declared one of its dims the stage dim */
   /* The dims the L2 and L3 tests put it on: its own, or, for a plugin that owns none (sp), the
    * dims of the plugins it requires. */
   int ntest_dims;

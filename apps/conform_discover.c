@@ -129,6 +129,8 @@ static void collect(cf_plugin *p, const tsr_registry_t *reg, const tsr_registry_
     const tsr_schedule *s = tsr_registry_schedule_at(reg, i);
     if (s->owner && !strcmp(s->owner, p->name)) add_item(p, CF_ITEM_SCHED, s->name, "", "", n);
   }
+  const char *stage = tsr_registry_stage_dim(reg);
+  for (int i = 0; stage && i < p->ndims; i++) p->stage_dim |= !strcmp(stage, p->dims[i]);
   int bo = base ? tsr_registry_optim_hook_count(base) : 0;
   int bg = base ? tsr_registry_grad_hook_count(base) : 0;
   if (tsr_registry_optim_hook_count(reg) - bo > p->n_optim_hooks)
@@ -287,6 +289,16 @@ cf_result cf_discovery_test(const cf_plugin *p, const cf_test *t, char *msg, siz
                                  : "the descriptor could not be read");
   int count[4] = {0};
   for (int i = 0; i < p->nitems; i++) count[p->items[i].kind]++;
+  if (!p->nitems && p->ndims && !p->n_optim_hooks && !p->n_grad_hooks && !p->stage_dim) {
+    char dims[256] = "";
+    for (int i = 0; i < p->ndims; i++)
+      snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%s", i ? ", " : "", p->dims[i]);
+    return cf_say(msg, len, CF_FAIL,
+                  "owns %s but registers nothing: no data split, op rule, transition, module "
+                  "style, schedule, stage dim or hook, so on a mesh where %s > 1 every rank of it "
+                  "computes the same thing",
+                  dims, p->dims[0]);
+  }
   if (!p->nitems)
     return cf_say(msg, len, CF_NOTSUP,
                   "registers no op rule, transition, module style or "
