@@ -112,7 +112,7 @@ static void l3_close(tsr_app_job *job) {
 /* Trains the opened job, writing its files (f NULL: none, and no log). */
 static tsr_status l3_train(const tsr_app_job *job, const l3_files *f) {
   FILE *out = fopen(f ? f->log : "/dev/null", "w");
-  tsr_train_opts opts = {0, false, true, 0, out ? out : stdout};
+  tsr_train_opts opts = {.json = true, .out = out ? out : stdout};
   tsr_status st = tsr_train_run(job, &opts);
   if (out) fclose(out);
   return st;

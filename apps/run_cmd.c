@@ -29,6 +29,8 @@ static const char run_usage[] =
     "  --dump PATH              shorthand for --set output.dump=PATH\n"
     "  --stop-at STEP           stop after optimizer step STEP and save the checkpoint there;\n"
     "                           the lr schedule still spans [job] steps (for resumable runs)\n"
+    "  --dump-step STEP         the dump (--dump, [output] dump) is of optimizer step STEP\n"
+    "                           instead of the run's first step\n"
     "  --json                   one JSON object per step instead of the human log line\n"
     "  --no-progress            plain lines even on a terminal\n"
     "  --no-peak                skip the sgemm peak measurement (no MFU in the log)\n"
@@ -149,10 +151,11 @@ int tsr_cmd_run(int argc, char **argv) {
   const char *path = NULL;
   char *sets[MAX_SETS];
   int nset = 0, code = TSR_EXIT_OK;
-  tsr_train_opts opts = {0, isatty(STDOUT_FILENO) != 0, false, 0.3, stdout};
+  tsr_train_opts opts = {.progress = isatty(STDOUT_FILENO) != 0, .peak_secs = 0.3, .out = stdout};
   for (int i = 1; i < argc && code == TSR_EXIT_OK; i++) {
     const char *a = argv[i];
-    bool takes = !strcmp(a, "--set") || !strcmp(a, "--dump") || !strcmp(a, "--stop-at");
+    bool takes = !strcmp(a, "--set") || !strcmp(a, "--dump") || !strcmp(a, "--stop-at") ||
+                 !strcmp(a, "--dump-step");
     if (takes && i + 1 >= argc) {
       fprintf(stderr, "tessera run: %s needs a value\n%s", a, run_usage);
       code = TSR_EXIT_BAD_INPUT;
@@ -180,6 +183,13 @@ int tsr_cmd_run(int argc, char **argv) {
       opts.stop_at = strtoll(argv[++i], &end, 10);
       if (*end || opts.stop_at < 1) {
         fprintf(stderr, "tessera run: --stop-at '%s': expected a step number >= 1\n", argv[i]);
+        code = TSR_EXIT_BAD_INPUT;
+      }
+    } else if (!strcmp(a, "--dump-step")) {
+      char *end;
+      opts.dump_step = strtoll(argv[++i], &end, 10);
+      if (*end || opts.dump_step < 1) {
+        fprintf(stderr, "tessera run: --dump-step '%s': expected a step number >= 1\n", argv[i]);
         code = TSR_EXIT_BAD_INPUT;
       }
     } else if (!strcmp(a, "--json")) {

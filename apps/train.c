@@ -245,7 +245,9 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   TSR_CHECK_GOTO(agree(all, st), st);
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
   for (int64_t step = t->start_step + 1; step <= end; step++) {
-    bool first = step == t->start_step + 1 && c->output.dump[0] && !check;
+    /* the dump's step: --dump-step, else the run's first */
+    int64_t dump_step = ctx->opts->dump_step ? ctx->opts->dump_step : t->start_step + 1;
+    bool first = step == dump_step && c->output.dump[0] && !check;
     double t0 = now_s(), loss = 0, gnorm = 0, lr = train ? tsr_lr_at(&lrc, step) : 0;
     tsr_breadcrumb_here()->step = step; /* a crash report names the step */
     int64_t trace_step = tsr_trace_clock(), trace_at = trace_step;
@@ -387,6 +389,13 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
               (long long)t.start_step, (long long)end);
     goto cleanup;
   }
+  if (ctx->opts->dump_step && ctx->opts->dump_step <= t.start_step && c->output.dump[0]) {
+    st = tsr_error(TSR_EINVAL,
+                   "--dump-step %lld: the run resumes after step %lld ([checkpoint] load); dump "
+                   "a step after it, or load an earlier checkpoint",
+                   (long long)ctx->opts->dump_step, (long long)t.start_step);
+    goto cleanup;
+  }
   st = run_steps(&t, ctx, all);
 cleanup:
   tsr_adamw_free(t.opt);
@@ -422,6 +431,18 @@ static tsr_status launch(const tsr_app_job *job, const tsr_train_opts *opts, boo
     return tsr_error(TSR_EINVAL,
                      "--stop-at %lld is past [job] steps = %lld; stop at or before the last step",
                      (long long)opts->stop_at, (long long)c->job.steps);
+  int64_t last = opts->stop_at > 0 ? opts->stop_at : c->job.steps;
+  if (opts->dump_step && !c->output.dump[0])
+    return tsr_error(TSR_EINVAL,
+                     "--dump-step %lld: there is no dump to write; give --dump PATH or [output] "
+                     "dump",
+                     (long long)opts->dump_step);
+  if (opts->dump_step > last)
+    return tsr_error(TSR_EINVAL,
+                     "--dump-step %lld is past the run's last step, %lld (%s); dump a step the "
+                     "run takes",
+                     (long long)opts->dump_step, (long long)last,
+                     opts->stop_at > 0 ? "--stop-at" : "[job] steps");
   int world = (int)c->mesh.world, cores = tsr_kernel_num_cores();
   run_ctx ctx = {job, opts, tsr_kernel_thread_budget(cores, world), {0}, check};
   ctx.log.out = opts->out ? opts->out : stdout;

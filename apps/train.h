@@ -17,12 +17,13 @@
 
 /* How `tessera run` drives the loop beyond what the job file says. */
 typedef struct tsr_train_opts {
-  int64_t stop_at;  /* stop after this optimizer step (the schedule still spans [job] steps);
-                       0: run to [job] steps */
-  bool progress;    /* one updating line with an ETA (a terminal) instead of plain lines */
-  bool json;        /* one JSON object per step instead of the human line */
-  double peak_secs; /* length of the sgemm peak measurement; <= 0 skips it (MFU not shown) */
-  FILE *out;        /* where rank 0 writes the log; NULL: stdout */
+  int64_t stop_at;   /* stop after this optimizer step (the schedule still spans [job] steps);
+                        0: run to [job] steps */
+  bool progress;     /* one updating line with an ETA (a terminal) instead of plain lines */
+  bool json;         /* one JSON object per step instead of the human line */
+  double peak_secs;  /* length of the sgemm peak measurement; <= 0 skips it (MFU not shown) */
+  FILE *out;         /* where rank 0 writes the log; NULL: stdout */
+  int64_t dump_step; /* the optimizer step the dump is of; 0: the run's first */
 } tsr_train_opts;
 
 /* Cross-checks of the loop's keys that the parser cannot make alone (grad_accum_steps against

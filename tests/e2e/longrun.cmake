@@ -33,3 +33,10 @@ add_test(NAME e2e_metrics
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/metrics.sh ${TESSERA_BIN} $<TARGET_FILE:jsonl_check>
           ${E2E_JOBS}/mesh_matrix.ini ${E2E_OUT}/metrics)
 set_tests_properties(e2e_metrics PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "metrics: ok")
+
+# --dump-step K: step K of a longer run, bit for bit the first step of a run resumed at K - 1 and
+# the last of a run stopped at K, on 1 and 8 ranks; bad steps refused.
+add_test(NAME e2e_dump_step
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/dump_step.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
+          ${E2E_OUT}/dump_step)
+set_tests_properties(e2e_dump_step PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "dump step: ok")
