@@ -228,6 +228,8 @@ static void run_chunk(worker *w, chunk *ch) {
     one_doc(w, ch, p, (size_t)(end - p));
     return;
   }
+  /* a byte-order mark at the start of a JSONL file is not JSON; JSON readers skip it */
+  if (f->jsonl && ch->begin == 0 && end - p >= 3 && !memcmp(p, "\xEF\xBB\xBF", 3)) p += 3;
   while (p < end) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
     const char *stop = nl ? nl : end;

@@ -53,6 +53,10 @@ roundtrip() {
   "$bin" decode "$tok" e.bin >e.txt && cmp e.txt doc.txt || die "--keep-empty does not round trip"
   "$bin" tokenize "$tok" -o s.bin doc.txt >out.txt || die "empty lines"
   grep -q "3 documents (3 empty skipped)" out.txt || die "empty lines: $(cat out.txt)"
+  # a JSONL file that starts with a byte-order mark
+  printf '\357\273\277{"text": "bom"}\n' >bom.jsonl
+  "$bin" tokenize "$tok" -o b.bin bom.jsonl >/dev/null || die "BOM"
+  [ "$("$bin" decode "$tok" b.bin)" = bom ] || die "BOM: not skipped"
   echo "tokenize roundtrip: ok"
 }
 
