@@ -1,6 +1,7 @@
 /* `tessera plan`: the job checked and described, nothing run. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "app.h"
 #include "train.h"
@@ -102,7 +103,7 @@ static tsr_status check_step(const tsr_app_job *job, FILE *f) {
 }
 
 static const char plan_usage[] =
-    "usage: tessera plan JOB.ini\n"
+    "usage: tessera plan JOB.ini [--force]\n"
     "\n"
     "Validates the job file and its plugins exactly as `run` does, then prints the mesh\n"
     "(rank -> coordinates), which plugin owns each mesh dim, the loaded plugins and what they\n"
@@ -110,12 +111,14 @@ static const char plan_usage[] =
     "placements, and the parameter, gradient and AdamW bytes each rank will hold, found by\n"
     "building each rank's model in turn. Then it runs the job's first step on every rank, as\n"
     "threads of this process on the CPU, writing nothing: what `run` would refuse at the start\n"
-    "or at its first step, plan refuses, with run's message.\n"
+    "or at its first step, plan refuses, with run's message. Before any model is built, the\n"
+    "training state of the ranks each process runs must fit the memory it may use (physical,\n"
+    "cgroup, ulimit -v), as for run; --force, as for run, goes on regardless.\n"
     "\n"
     "exit codes: 0 valid, 1 runtime failure, 2 bad input (file:line:key errors on stderr)\n";
 
-/* Parses "CMD JOB.ini": returns the path or NULL after printing why. */
-static const char *job_arg(int argc, char **argv, const char *usage, int *code) {
+/* Parses "CMD JOB.ini [--force]": returns the path or NULL after printing why. */
+static const char *job_arg(int argc, char **argv, const char *usage, int *code, bool *force) {
   *code = TSR_EXIT_OK;
   if (tsr_app_wants_help(argc, argv)) {
     fputs(usage, stdout);
@@ -123,6 +126,10 @@ static const char *job_arg(int argc, char **argv, const char *usage, int *code) 
   }
   const char *path = NULL;
   for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--force")) {
+      *force = true;
+      continue;
+    }
     if (argv[i][0] == '-') {
       fprintf(stderr, "tessera %s: unknown option '%s'\n%s", argv[0], argv[i], usage);
       *code = TSR_EXIT_BAD_INPUT;
@@ -144,11 +151,18 @@ static const char *job_arg(int argc, char **argv, const char *usage, int *code) 
 
 int tsr_cmd_plan(int argc, char **argv) {
   int code;
-  const char *path = job_arg(argc, argv, plan_usage, &code);
+  bool force = false;
+  const char *path = job_arg(argc, argv, plan_usage, &code, &force);
   if (!path) return code;
   tsr_app_job job;
   tsr_status st = tsr_app_job_open(path, 0, NULL, &job);
   if (st != TSR_OK) return tsr_app_exit_code(st);
+  st = tsr_train_mem_check(&job, force, stdout);
+  if (st != TSR_OK) {
+    fprintf(stderr, "tessera plan: %s\n", tsr_last_error());
+    tsr_app_job_close(&job);
+    return tsr_app_exit_code(st);
+  }
   tsr_app_print_plan(&job, stdout);
   fflush(stdout);
   st = check_step(&job, stdout);

@@ -8,6 +8,7 @@
 
 #include "app.h"
 #include "train.h"
+#include "train_mem.h"
 #include "tessera_mpi.h"
 #include "tessera_nccl.h"
 
@@ -34,6 +35,8 @@ static const char run_usage[] =
     "  --json                   one JSON object per step instead of the human log line\n"
     "  --no-progress            plain lines even on a terminal\n"
     "  --no-peak                skip the sgemm peak measurement (no MFU in the log)\n"
+    "  --force                  run even when the training state of this process's ranks does\n"
+    "                           not fit the memory it may use (physical, cgroup, ulimit -v)\n"
     "\n"
     "A rank that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGABRT) is reported in one line naming\n"
     "the rank, the plugin callback or op it ran, the step and the microbatch. When several\n"
@@ -151,6 +154,7 @@ int tsr_cmd_run(int argc, char **argv) {
   const char *path = NULL;
   char *sets[MAX_SETS];
   int nset = 0, code = TSR_EXIT_OK;
+  bool force = false;
   tsr_train_opts opts = {.progress = isatty(STDOUT_FILENO) != 0, .peak_secs = 0.3, .out = stdout};
   for (int i = 1; i < argc && code == TSR_EXIT_OK; i++) {
     const char *a = argv[i];
@@ -198,6 +202,8 @@ int tsr_cmd_run(int argc, char **argv) {
       opts.progress = false;
     } else if (!strcmp(a, "--no-peak")) {
       opts.peak_secs = 0;
+    } else if (!strcmp(a, "--force")) {
+      force = true;
     } else if (a[0] == '-') {
       fprintf(stderr, "tessera run: unknown option '%s'\n%s", a, run_usage);
       code = TSR_EXIT_BAD_INPUT;
@@ -221,6 +227,14 @@ int tsr_cmd_run(int argc, char **argv) {
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_app_job_open(path, nset, (const char *const *)sets, &job);
     if (st != TSR_OK) code = tsr_app_exit_code(st);
+  }
+  /* before any model is built: the state of this process's ranks must fit its memory */
+  if (code == TSR_EXIT_OK) {
+    tsr_status st = tsr_train_mem_check(&job, force, opts.out);
+    if (st != TSR_OK) {
+      if (tsr_mpi_env_rank() <= 0) fprintf(stderr, "tessera run: %s\n", tsr_last_error());
+      code = tsr_app_exit_code(st);
+    }
   }
   /* the backend, device and world were checked with the job (job_load.c) */
   bool mpi = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "mpi");

@@ -33,6 +33,17 @@ tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank, c
 void tsr_train_mem_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *per_rank,
                          const char *what);
 
+/* The up-front memory check (mem_check.c), before any rank's model is built for the run: the
+ * state of the ranks this process will run (all of them under `local`, one under mpi) against
+ * the least of the machine's physical memory, the cgroup limit (v2 memory.max up the hierarchy,
+ * v1 limit_in_bytes) and ulimit -v / -d less what the process maps already. At least one copy
+ * of the model's state, shared evenly by every rank, must fit: else TSR_ENOMEM at once, naming
+ * the ranks, the limit and the model's largest items, with nothing allocated. When at most a
+ * copy per rank fits it passes; between the two, the exact figures of tsr_train_mem_plan
+ * (models up to TSR_TRAIN_MEM_PLAN_MAX_PARAMS) decide, naming the largest rank. Activations are
+ * not counted. `force` turns a refusal into a line on `note`. Device (cuda) jobs pass. */
+tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note);
+
 /* Gathers every rank's measurement to the members of `all` (collective) into per_rank[world]. */
 tsr_status tsr_train_mem_gather(tsr_group_t *all, const tsr_train_mem *mine,
                                 tsr_train_mem *per_rank);

@@ -67,3 +67,11 @@ add_test(NAME e2e_mpi_env
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mpi_env.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
           ${E2E_OUT}/mpi_env)
 set_tests_properties(e2e_mpi_env PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "mpi env: ok")
+
+# Before any model is built, the state of this process's ranks must fit the memory it may use
+# (physical, cgroup, ulimit -v): a 1.3 TB job is refused at once, a 586 MiB ulimit refuses a
+# 968 MiB state, and four dp replicas that fit one by one but not together, naming the rank.
+add_test(NAME e2e_mem_check
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mem_check.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
+          ${E2E_OUT}/mem_check)
+set_tests_properties(e2e_mem_check PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "mem check: ok")

@@ -1,0 +1,222 @@
+/* The up-front memory check of `plan` and `run`: the training state the job's ranks will hold in
+ * this process against the memory this process may use, before any model is built. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "tessera/comm.h"
+#include "train.h"
+#include "train_mem.h"
+
+/* The least of the limits found, and what it is as the start of a sentence that ends with the
+ * bytes it leaves ("the machine's physical memory is"). */
+typedef struct mem_limit {
+  int64_t bytes; /* INT64_MAX: none found */
+  char what[1400];
+} mem_limit;
+
+static void take(mem_limit *m, int64_t bytes, const char *what) {
+  if (bytes >= 0 && bytes < m->bytes) {
+    m->bytes = bytes;
+    snprintf(m->what, sizeof m->what, "%s", what);
+  }
+}
+
+/* The first integer in a file, or -1 ("max", missing, unreadable). */
+static int64_t read_bytes(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  long long v = -1;
+  if (fscanf(f, "%lld", &v) != 1) v = -1;
+  fclose(f);
+  return v;
+}
+
+/* cgroup v2: memory.max of this process's cgroup and of every cgroup above it; v1: the memory
+ * controller's limit_in_bytes (values near 2^63 mean none). */
+static void cgroup_limits(mem_limit *m) {
+  FILE *f = fopen("/proc/self/cgroup", "r");
+  if (!f) return;
+  char line[1024];
+  while (fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    char path[1200], dir[1024];
+    if (!strncmp(line, "0::", 3)) {
+      snprintf(dir, sizeof dir, "%s", line + 3);
+      for (;;) {
+        /* the unified hierarchy: at the root, or beside v1 controllers (hybrid) */
+        for (int u = 0; u < 2; u++) {
+          snprintf(path, sizeof path, "/sys/fs/cgroup%s%s%smemory.max", u ? "/unified" : "", dir,
+                   dir[strlen(dir) - 1] == '/' ? "" : "/");
+          char what[1300];
+          snprintf(what, sizeof what, "the cgroup limit %s is", path);
+          take(m, read_bytes(path), what);
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || slash == dir) break;
+        *slash = '\0';
+      }
+    } else if (strstr(line, ":memory:")) {
+      snprintf(path, sizeof path, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes",
+               strstr(line, ":memory:") + 8);
+      int64_t v = read_bytes(path);
+      if (v < 0) {
+        snprintf(path, sizeof path, "/sys/fs/cgroup/memory/memory.limit_in_bytes");
+        v = read_bytes(path);
+      }
+      char what[1300];
+      snprintf(what, sizeof what, "the cgroup limit %s is", path);
+      if (v < ((int64_t)1 << 60)) take(m, v, what);
+    }
+  }
+  fclose(f);
+}
+
+/* ulimit -v (RLIMIT_AS) and ulimit -d (RLIMIT_DATA), less what this process maps already. */
+static void rlimits(mem_limit *m) {
+  long page = sysconf(_SC_PAGESIZE);
+  int64_t mapped = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (f) {
+    long long pages = 0;
+    if (fscanf(f, "%lld", &pages) == 1) mapped = (int64_t)pages * page;
+    fclose(f);
+  }
+  static const struct {
+    int resource;
+    const char *name;
+  } limits[] = {{RLIMIT_AS, "ulimit -v"}, {RLIMIT_DATA, "ulimit -d"}};
+  for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
+    struct rlimit rl;
+    if (getrlimit(limits[i].resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
+    int64_t cur = rl.rlim_cur > (rlim_t)INT64_MAX ? INT64_MAX : (int64_t)rl.rlim_cur;
+    char what[128];
+    snprintf(what, sizeof what,
+             "%s = %.1f MiB, less the %.1f MiB this process maps already, leaves", limits[i].name,
+             (double)cur / 1048576.0, (double)mapped / 1048576.0);
+    take(m, cur > mapped ? cur - mapped : 0, what);
+  }
+}
+
+static mem_limit available(void) {
+  mem_limit m = {INT64_MAX, ""};
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) take(&m, (int64_t)pages * page, "the machine's physical memory is");
+  cgroup_limits(&m);
+  rlimits(&m);
+  return m;
+}
+
+static const char *gib(double b, char *buf, size_t len) {
+  if (b >= 1073741824.0)
+    snprintf(buf, len, "%.2f GiB", b / 1073741824.0);
+  else
+    snprintf(buf, len, "%.1f MiB", b / 1048576.0);
+  return buf;
+}
+
+/* The model's largest parameters by the state they carry (bytes per element: `per`), as text. */
+static void largest_items(const tsr_llama_config *mc, double per, char *out, size_t len) {
+  double C = mc->hidden_size, I = mc->intermediate_size, V = mc->vocab_size;
+  double kv = (double)mc->num_key_value_heads * (mc->hidden_size / mc->num_attention_heads);
+  double L = mc->num_hidden_layers;
+  char a[32], b[32], c[32], d[32];
+  snprintf(out, len,
+           "the %lld layers' MLP weights (3 x %lld x %lld each) %s, their attention weights %s, "
+           "model.embed_tokens.weight (%lld x %lld) %s%s%s",
+           (long long)L, (long long)I, (long long)C, gib(per * L * 3 * I * C, a, sizeof a),
+           gib(per * L * (2 * C * C + 2 * kv * C), b, sizeof b), (long long)V, (long long)C,
+           gib(per * V * C, c, sizeof c), mc->tie_word_embeddings ? "" : ", lm_head.weight ",
+           mc->tie_word_embeddings ? "" : gib(per * V * C, d, sizeof d));
+}
+
+tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
+  const tsr_config *c = job->cfg;
+  /* device memory holds the state of a cuda job; the host only stages it */
+  if (c->job.device == TSR_DEVICE_CUDA) return TSR_OK;
+  bool train = c->job.mode == TSR_MODE_TRAIN;
+  /* f32 parameter and AdamW's two moments (made in either mode), and the gradient in training */
+  int64_t per = (int64_t)sizeof(float) * (train ? 4 : 3);
+  int64_t world = c->mesh.world;
+  /* local: every rank is a thread of this process; mpi, nccl: one rank per process */
+  bool local = !strcmp(c->job.backend, "local");
+  int64_t here = local ? world : 1;
+  tsr_llama_config mc = tsr_train_model_config(c);
+  int64_t n = tsr_llama_num_params(&mc);
+  /* every element lives on some rank: this process holds at least its ranks' share of one copy,
+   * and at most a whole copy per rank (the tied embedding's replica on the last stage too); in
+   * double, as the largest models times the ranks pass 2^63 bytes */
+  double low = (double)per * (double)n / (double)world * (double)here;
+  double high = (double)per * ((double)n + (double)mc.vocab_size * mc.hidden_size) * (double)here;
+  mem_limit m = available();
+  char where[TSR_MAX_PATH + 160], ha[32], hb[32], hc[32], hd[32], items[512];
+  snprintf(where, sizeof where, "%s: [model] and [mesh] shape", c->path);
+  const char *fix = "use a smaller model, more ranks (over backend = mpi, one process per rank), "
+                    "a strategy that shards the state (FSDP: dp_shard), or --force to try anyway";
+  if (m.bytes == INT64_MAX || high <= (double)m.bytes) return TSR_OK;
+  if (low > (double)m.bytes) {
+    largest_items(&mc, (double)per, items, sizeof items);
+    if (force) {
+      fprintf(note, "memory: --force: the state needs at least %s, more than the %s available\n",
+              gib(low, ha, sizeof ha), gib((double)m.bytes, hb, sizeof hb));
+      return TSR_OK;
+    }
+    char ranks[96];
+    if (!local)
+      snprintf(ranks, sizeof ranks, "each rank (one process each, as this one)");
+    else if (world == 1)
+      snprintf(ranks, sizeof ranks, "rank 0");
+    else
+      snprintf(ranks, sizeof ranks, "ranks 0..%lld (threads of this process)",
+               (long long)world - 1);
+    return tsr_error(TSR_ENOMEM,
+                     "%s: the training state of %s needs at least %s (%.3g G parameters x %lld "
+                     "bytes: f32 parameter, %sAdamW's two moments, split at best evenly over "
+                     "the %lld ranks), but %s %s. The largest items: %s. No model was built; %s",
+                     where, ranks, gib(low, ha, sizeof ha), (double)n / 1e9, (long long)per,
+                     train ? "gradient, " : "", (long long)world, m.what,
+                     gib((double)m.bytes, hb, sizeof hb), items, fix);
+  }
+  /* between the bounds: the layout decides, and plan's per-rank figures are exact */
+  if (n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS || world > TSR_LOCAL_MAX_RANKS) return TSR_OK;
+  tsr_train_mem *per_rank = calloc((size_t)world, sizeof *per_rank);
+  if (!per_rank) return TSR_ERROR(TSR_ENOMEM, "out of memory for %lld ranks", (long long)world);
+  tsr_status st = tsr_train_mem_plan(job, per_rank, NULL);
+  int64_t sum = 0, top = 0;
+  int worst = 0;
+  for (int r = 0; st == TSR_OK && r < world; r++) {
+    if (!train) per_rank[r].grads = 0;
+    int64_t t = per_rank[r].params + per_rank[r].grads + per_rank[r].optim;
+    sum += t;
+    if (t > top) top = t, worst = r;
+  }
+  if (st != TSR_OK) {
+    free(per_rank);
+    return st;
+  }
+  int64_t need = here == 1 ? top : sum;
+  tsr_train_mem w = per_rank[worst];
+  free(per_rank);
+  if (need <= m.bytes) return TSR_OK;
+  if (force) {
+    fprintf(note, "memory: --force: the state needs %s, more than the %s available\n",
+            gib((double)need, ha, sizeof ha), gib((double)m.bytes, hb, sizeof hb));
+    return TSR_OK;
+  }
+  char ranks[96];
+  if (!local || world == 1)
+    snprintf(ranks, sizeof ranks, "rank %d%s holds", worst,
+             local ? "" : ", the largest (one rank per process),");
+  else
+    snprintf(ranks, sizeof ranks, "ranks 0..%lld (threads of this process) hold",
+             (long long)here - 1);
+  return tsr_error(TSR_ENOMEM,
+                   "%s: %s %s of training state as `plan` lays it out, but %s %s. The largest "
+                   "rank, %d: parameters %s, gradients %s, AdamW moments %s. No step was run; %s",
+                   where, ranks, gib((double)need, ha, sizeof ha), m.what,
+                   gib((double)m.bytes, hb, sizeof hb), worst, gib((double)w.params, hc, sizeof hc),
+                   gib((double)w.grads, hd, sizeof hd), gib((double)w.optim, items, sizeof items),
+                   fix);
+}
