@@ -75,6 +75,7 @@ typedef struct cf_outcome {
 
 static cf_test g_tests[CF_MAX_TESTS];
 char cf_tmpdir[TSR_MAX_PATH];
+char cf_suite_dir[TSR_MAX_PATH];
 static int g_ntests;
 
 static int g_dropped; /* tests beyond CF_MAX_TESTS, reported in the header */
@@ -606,6 +607,12 @@ int tsr_cmd_conform(int argc, char **argv) {
     fprintf(stderr, "tessera conform: out of memory\n");
     return TSR_EXIT_RUNTIME;
   }
+  /* the directory the tests of this run share (L3's record of what it reached), removed at the
+   * end */
+  const char *tmpenv = getenv("TMPDIR");
+  snprintf(cf_suite_dir, sizeof cf_suite_dir, "%s/tessera-conform-run-XXXXXX",
+           tmpenv && tmpenv[0] == '/' ? tmpenv : "/tmp");
+  if (!mkdtemp(cf_suite_dir)) cf_suite_dir[0] = '\0';
   int counts[5] = {0}, k = 0;
   for (int i = 0; i < g_ntests; i++) {
     const cf_test *t = &g_tests[i];
@@ -712,6 +719,7 @@ int tsr_cmd_conform(int argc, char **argv) {
     if (fmt == CF_HUMAN) fprintf(out, "result: %s\n", nfail ? "FAILED" : "PASSED");
   }
   fflush(out);
+  if (cf_suite_dir[0]) remove_dir(cf_suite_dir);
   free(res);
   free(xf);
   return nfail ? TSR_EXIT_RUNTIME : TSR_EXIT_OK;

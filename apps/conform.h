@@ -112,6 +112,9 @@ struct cf_test {
 /* The running test's own directory (set in the child): files a test writes go there, and the
  * driver removes it when the test ends, however it ended. */
 extern char cf_tmpdir[TSR_MAX_PATH];
+/* The directory every test of one run shares ("" when it could not be made): L3 records there
+ * which of the plugin's registrations its runs reached, for L3.reach. */
+extern char cf_suite_dir[TSR_MAX_PATH];
 
 /* Adds a test; false when the list is full. */
 bool cf_add_test(const char *name, int level, cf_test_fn fn, int item, int n, const char *arg);
@@ -124,7 +127,8 @@ cf_result cf_say(char *msg, size_t len, cf_result r, const char *fmt, ...)
 
 /* The text of a job file: mesh `dims` x `shape` (ndim entries; 0 gives a 1-rank "dp" mesh), the
  * plugins in `load` (comma-separated, may be ""), the model and data of `model` (0: the L2
- * registration model, 1: its grouped-query variant, 2: the L3 model) and `extra` lines appended
+ * registration model, 1: its grouped-query variant, 2: the L3 model, 3: it with tied embeddings,
+ * 4: it with a single kv head) and `extra` lines appended
  * verbatim (strategy sections). mode is "train" or "forward". */
 void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const int *shape,
                  const char *load, int model, const char *mode, const char *extra);

@@ -18,14 +18,16 @@ const char *const cf_known_plugins[CF_NKNOWN] = {
 
 typedef struct cf_model {
   int vocab, hidden, inter, layers, heads, kv, batch, seq;
+  bool tied;
 } cf_model;
 
 /* 0, 1: the L2 registration jobs (12 heads split over 1-4 ranks; kv heads split, or a single kv
- * head replicated); 2: the L3 model, small enough to run a step in milliseconds. */
+ * head replicated); 2: the L3 model, small enough to run a step in milliseconds; 3, 4: the L3
+ * model with tied embeddings, and with a single kv head (L3.reach). */
 static const cf_model models[] = {
-    {48, 48, 64, 4, 12, 12, 4, 24},
-    {48, 48, 64, 4, 12, 1, 4, 24},
-    {32, 32, 40, 4, 4, 2, 6, 16},
+    {48, 48, 64, 4, 12, 12, 4, 24, false}, {48, 48, 64, 4, 12, 1, 4, 24, false},
+    {32, 32, 40, 4, 4, 2, 6, 16, false},   {32, 32, 40, 4, 4, 2, 6, 16, true},
+    {32, 32, 40, 4, 4, 1, 6, 16, false},
 };
 
 void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const int *shape,
@@ -43,11 +45,11 @@ void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const
            "[plugins]\nload = %s\n"
            "[model]\nvocab_size = %d\nhidden_size = %d\nintermediate_size = %d\n"
            "num_hidden_layers = %d\nnum_attention_heads = %d\nnum_key_value_heads = %d\n"
-           "rms_norm_eps = 1e-5\nrope_theta = 10000\ntie_word_embeddings = false\n"
+           "rms_norm_eps = 1e-5\nrope_theta = 10000\ntie_word_embeddings = %s\n"
            "[data]\nsource = synthetic\nbatch_size = %d\nseq_len = %d\n"
            "[optimizer]\nlr = 1e-2\nweight_decay = 0.1\nmax_norm = 1.0\n%s",
-           mode, d, s, load, m->vocab, m->hidden, m->inter, m->layers, m->heads, m->kv, m->batch,
-           m->seq, extra ? extra : "");
+           mode, d, s, load, m->vocab, m->hidden, m->inter, m->layers, m->heads, m->kv,
+           m->tied ? "true" : "false", m->batch, m->seq, extra ? extra : "");
 }
 
 void cf_load_list(const cf_plugin *p, char *buf, size_t len) {

@@ -118,11 +118,58 @@ static tsr_status l3_train(const tsr_app_job *job, const l3_files *f) {
   return st;
 }
 
-/* One job from text, opened, trained and closed. */
-static tsr_status l3_run(const char *text, const l3_files *f, bool *rejected) {
+/* ---- What the runs reached ---- */
+
+static void reach_path(char *buf, size_t len) {
+  snprintf(buf, len, "%s/reach", cf_suite_dir);
+}
+
+/* Appends to the run's reach file the index of every op rule and transition of the plugin (its
+ * items) that `reg` used. */
+static void record_reach(const cf_plugin *p, const tsr_registry_t *reg) {
+  char path[TSR_MAX_PATH + 16];
+  if (!cf_suite_dir[0]) return;
+  reach_path(path, sizeof path);
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  for (int k = 0; k < p->nitems; k++) {
+    const cf_item *it = &p->items[k];
+    int64_t uses = 0;
+    for (int i = 0; it->kind == CF_ITEM_OP && i < tsr_registry_op_rule_count(reg); i++) {
+      const tsr_op_rule *r = tsr_registry_op_rule_at(reg, i);
+      if (!strcmp(r->name, it->name) && !strcmp(r->op, it->op))
+        uses += tsr_registry_op_rule_uses(reg, i);
+    }
+    for (int i = 0; it->kind == CF_ITEM_REDIST && i < tsr_registry_redistribute_count(reg); i++)
+      if (!strcmp(tsr_registry_redistribute_at(reg, i)->name, it->name))
+        uses += tsr_registry_redistribute_uses(reg, i);
+    if (uses) fprintf(f, "%d\n", k);
+  }
+  fclose(f);
+}
+
+/* Which items the run's L3 tests reached so far. */
+static void read_reach(const cf_plugin *p, bool *reached) {
+  char path[TSR_MAX_PATH + 16], line[64];
+  memset(reached, 0, (size_t)p->nitems * sizeof *reached);
+  if (!cf_suite_dir[0]) return;
+  reach_path(path, sizeof path);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  while (fgets(line, sizeof line, f)) {
+    int k = atoi(line);
+    if (k >= 0 && k < p->nitems) reached[k] = true;
+  }
+  fclose(f);
+}
+
+/* One job from text, opened, trained and closed; with p, what it reached of p's registrations is
+ * recorded. */
+static tsr_status l3_run(const char *text, const l3_files *f, bool *rejected, const cf_plugin *p) {
   tsr_app_job job;
   TSR_CHECK(l3_open(text, f, &job, rejected));
   tsr_status st = l3_train(&job, f);
+  if (p && st == TSR_OK) record_reach(p, job.reg);
   char keep[4096];
   snprintf(keep, sizeof keep, "%s", tsr_last_error());
   l3_close(&job);
@@ -331,13 +378,13 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
   cf_result res = CF_PASS;
   bool rejected;
   cf_job_text(text, sizeof text, 0, NULL, NULL, "", 2, "train", "");
-  if (l3_run(text, &ref, &rejected) != TSR_OK) {
+  if (l3_run(text, &ref, &rejected, NULL) != TSR_OK) {
     res = cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run failed: %s", tsr_last_error());
     goto done;
   }
   cf_job_text(text, sizeof text, nd, dims, shape, load, 2, "train", extra);
   cf_rank_leftover = 0;
-  tsr_status st = l3_run(text, &got, &rejected);
+  tsr_status st = l3_run(text, &got, &rejected, p);
   if (st != TSR_OK) {
     /* beside other plugins, or with its keys changed, a refusal is a claim not made */
     bool unclaimed = (rejected || st == TSR_ENOTSUP) && (combination || t->item > 0);
@@ -374,7 +421,7 @@ cf_result cf_jobs_isolated_test(const cf_plugin *p, const cf_test *t, char *msg,
   bool rejected;
   tsr_app_job job1, job2;
   cf_job_text(text, sizeof text, 0, NULL, NULL, "", 2, "train", "");
-  if (l3_run(text, &ref, &rejected) != TSR_OK) {
+  if (l3_run(text, &ref, &rejected, NULL) != TSR_OK) {
     res = cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run failed: %s", tsr_last_error());
     goto done;
   }
@@ -418,6 +465,93 @@ done:
   l3_files_remove(&got);
   l3_files_remove(&other);
   return res;
+}
+
+/* L3.reach: every op rule and transition of the plugin must have run in some L3 run, so that
+ * the comparisons with the 1-rank run (beside zdp included) covered its groups. What the L3 tests
+ * before it did not reach is run for: the L3 model, then with tied embeddings, then with a single
+ * kv head, on each of the plugin's dims at 2, alone and beside zdp, until everything is reached. */
+static cf_result l3_reach(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
+  (void)t;
+  if (!p->loaded) return cf_say(msg, len, CF_FAIL, "does not load: %s", p->load_msg);
+  bool reached[CF_MAX_ITEMS];
+  int wanted = 0, before = 0, got_now = 0;
+  read_reach(p, reached);
+  for (int k = 0; k < p->nitems; k++) {
+    bool counts = p->items[k].kind == CF_ITEM_OP || p->items[k].kind == CF_ITEM_REDIST;
+    wanted += counts;
+    before += counts && reached[k];
+  }
+  if (!wanted) return cf_say(msg, len, CF_NOTSUP, "registers no op rule or transition");
+  static const int models[] = {2, 3, 4};
+  static const char *const model_names[] = {"the L3 model", "tied embeddings", "one kv head"};
+  char req[256] = "", tried[512] = "", extra_runs[512] = "";
+  for (int i = 0; i < p->nrequired; i++)
+    snprintf(req + strlen(req), sizeof req - strlen(req), "%s,", p->required[i]);
+  char zdp_path[TSR_MAX_PATH];
+  bool has_zdp = strcmp(p->name, "zdp") && cf_find_plugin("zdp", zdp_path, sizeof zdp_path);
+  for (int m = 0; m < 3 && before + got_now < wanted; m++)
+    for (int d = 0; d < p->ntest_dims && before + got_now < wanted; d++)
+      for (int z = 0; z < (has_zdp ? 2 : 1) && before + got_now < wanted; z++) {
+        const char *dims[2] = {p->test_dims[d], "zdp"};
+        int shape[2] = {2, 2};
+        char load[512], what[160];
+        snprintf(load, sizeof load, "%s%s%s", req, p->name, z ? ",zdp" : "");
+        snprintf(what, sizeof what, "%s on %s = 2%s", model_names[m], dims[0],
+                 z ? " beside zdp = 2" : "");
+        l3_files ref, got;
+        l3_files_in_tmp(&ref, "ref");
+        l3_files_in_tmp(&got, "got");
+        static char text[8192];
+        bool rejected;
+        cf_job_text(text, sizeof text, 0, NULL, NULL, "", models[m], "train", "");
+        tsr_status st = l3_run(text, &ref, &rejected, NULL);
+        if (st != TSR_OK)
+          return cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run of %s failed: %s",
+                        model_names[m], tsr_last_error());
+        cf_job_text(text, sizeof text, z ? 2 : 1, dims, shape, load, models[m], "train", "");
+        cf_rank_leftover = 0;
+        st = l3_run(text, &got, &rejected, p);
+        snprintf(tried + strlen(tried), sizeof tried - strlen(tried), "%s%s", tried[0] ? "; " : "",
+                 what);
+        if (st != TSR_OK && (rejected || st == TSR_ENOTSUP)) {
+          l3_files_remove(&ref);
+          l3_files_remove(&got);
+          continue; /* a job the plugins refuse is not claimed */
+        }
+        char why[CF_MSG];
+        cf_result r = st != TSR_OK
+                          ? cf_say(why, sizeof why, CF_FAIL, "run failed: %s", tsr_last_error())
+                          : l3_compare(&got, &ref, dims[0], z ? 4 : 2, why, sizeof why);
+        l3_files_remove(&ref);
+        l3_files_remove(&got);
+        if (r == CF_FAIL)
+          return cf_say(msg, len, CF_FAIL, "%s, run to reach what L3 had not: %s", what, why);
+        bool now[CF_MAX_ITEMS];
+        read_reach(p, now);
+        int more = 0;
+        for (int k = 0; k < p->nitems; k++) more += now[k] && !reached[k];
+        memcpy(reached, now, sizeof now);
+        if (more)
+          snprintf(extra_runs + strlen(extra_runs), sizeof extra_runs - strlen(extra_runs),
+                   "%s%d with %s", extra_runs[0] ? ", " : "", more, what);
+        got_now += more;
+      }
+  if (before + got_now < wanted) {
+    char names[512] = "";
+    for (int k = 0; k < p->nitems; k++)
+      if ((p->items[k].kind == CF_ITEM_OP || p->items[k].kind == CF_ITEM_REDIST) && !reached[k])
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", names[0] ? ", " : "",
+                 p->items[k].name);
+    return cf_say(msg, len, CF_NOTSUP,
+                  "%d of %d op rules and transitions never ran in an L3 run (tried: %s), so no "
+                  "comparison with the 1-rank run covered their groups: %s",
+                  wanted - before - got_now, wanted, tried[0] ? tried : "no dim", names);
+  }
+  return cf_say(msg, len, CF_PASS,
+                "all %d op rules and transitions ran in L3 runs: %d in the tests "
+                "above%s%s",
+                wanted, before, got_now ? ", " : "", extra_runs);
 }
 
 static bool listed(const char *list, const char *name) {
@@ -493,4 +627,5 @@ void cf_add_model_tests(const cf_plugin *p) {
     snprintf(name, sizeof name, "L3.model.%s=2+%s", mine, q);
     cf_add_test(name, 3, l3_model, 0, 2, arg);
   }
+  cf_add_test("L3.reach", 3, l3_reach, -1, 0, NULL);
 }

@@ -47,6 +47,7 @@ tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, in
         reg ? tsr_registry_find_op_rule(reg, op, tsr_mesh_dim_name(m, i), ninputs, in) : NULL;
     if (rule) {
       plan->rules[i] = rule;
+      tsr_registry_note_op_rule(reg, rule);
       for (int k = 0; k < noutputs && k < rule->noutputs; k++)
         plan->outputs[k][i] = rule->outputs[k];
       for (int j = 0; j < ninputs; j++) plan->grads[j][i] = rule->grads[j];
@@ -445,6 +446,7 @@ tsr_status tsr_op_prepare_inputs(tsr_tape_t *t, const char *op, tsr_var **in, in
     for (int j = 0; j < nin; j++) p[j] = in[j]->value->placements[i];
     const tsr_op_rule *rule = tsr_registry_find_op_rule(reg, op, tsr_mesh_dim_name(m, i), nin, p);
     if (!rule || !rule->use_mask) continue;
+    tsr_registry_note_op_rule(reg, rule);
     for (int j = 0; j < nin; j++)
       if ((rule->use_mask & (1u << j)) && !tsr_placement_equal(p[j], rule->use[j])) {
         want[j][i] = rule->use[j];

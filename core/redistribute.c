@@ -323,6 +323,7 @@ static tsr_status try_rules(plan_state *s, int i, tsr_placement dst, bool *done)
     tsr_status st = match ? rule->apply(s->r, &s->x, i, dst, &y, rule->ctx) : TSR_OK;
     tsr_breadcrumb_leave(&crumb);
     if (!match) continue;
+    tsr_registry_note_redistribute(reg, k);
     if (st != TSR_OK)
       return tsr_error_prefix(st, "redistribute rule '%s' on mesh dim '%s'", rule->name, dim);
     if (!y || !y->local || !tsr_placement_equal(y->placements[i], dst)) {

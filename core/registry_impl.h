@@ -2,6 +2,8 @@
 #ifndef TESSERA_REGISTRY_IMPL_H
 #define TESSERA_REGISTRY_IMPL_H
 
+#include <stdint.h>
+
 #include "tessera/registry.h"
 
 /* A growable array of fixed-size records, each with the plugin that added it. */
@@ -10,6 +12,9 @@ typedef struct tsr_vec {
   int count;
   int cap;
   const char **owners; /* (cap) the breadcrumb's plugin when each item was pushed, or NULL */
+  /* (cap) how many times the core used each item (tsr_vec_note), summed over every rank: ranks
+   * are threads that share the registry, so the counts are atomic */
+  _Atomic int64_t *uses;
 } tsr_vec;
 
 /* Appends a copy of `item` (item_size bytes), owned by the plugin whose callback is running (the
@@ -19,6 +24,10 @@ void tsr_vec_free(tsr_vec *v);
 /* The owner of item i, or of the item at `item` (NULL when it is not one of v's). */
 const char *tsr_vec_owner(const tsr_vec *v, int i);
 const char *tsr_vec_owner_of(const tsr_vec *v, const void *item, size_t item_size);
+/* Counts one use of item i, or of the item at `item`; anything else is ignored. */
+void tsr_vec_note(const tsr_vec *v, int i);
+void tsr_vec_note_item(const tsr_vec *v, const void *item, size_t item_size);
+int64_t tsr_vec_uses(const tsr_vec *v, int i);
 
 struct tsr_registry_t {
   tsr_vec redistribute; /* tsr_redistribute_rule, in registration order */
@@ -34,5 +43,10 @@ const char *tsr_registry_redistribute_owner(const tsr_registry_t *reg, int i);
 const char *tsr_registry_op_rule_owner(const tsr_registry_t *reg, const tsr_op_rule *rule);
 const char *tsr_registry_grad_hook_owner(const tsr_registry_t *reg, int i);
 const char *tsr_registry_rank_state_owner(const tsr_registry_t *reg, int i);
+
+/* One use of a registration: the planner chose op rule `rule` for an op (ops_plan.c), a
+ * transition was applied (redistribute.c). Read by tsr_registry_*_uses. */
+void tsr_registry_note_op_rule(const tsr_registry_t *reg, const tsr_op_rule *rule);
+void tsr_registry_note_redistribute(const tsr_registry_t *reg, int i);
 
 #endif

@@ -164,6 +164,14 @@ const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i) {
   return vec_at(reg, offsetof(rule_tables, ops), i, sizeof(tsr_op_rule));
 }
 
+void tsr_registry_note_op_rule(const tsr_registry_t *reg, const tsr_op_rule *rule) {
+  tsr_vec_note_item(vec_of(reg, offsetof(rule_tables, ops)), rule, sizeof *rule);
+}
+
+int64_t tsr_registry_op_rule_uses(const tsr_registry_t *reg, int i) {
+  return tsr_vec_uses(vec_of(reg, offsetof(rule_tables, ops)), i);
+}
+
 const char *tsr_registry_op_rule_owner(const tsr_registry_t *reg, const tsr_op_rule *rule) {
   return tsr_vec_owner_of(vec_of(reg, offsetof(rule_tables, ops)), rule, sizeof *rule);
 }

@@ -40,6 +40,10 @@ TSR_API tsr_status tsr_registry_add_redistribute(tsr_registry_t *reg,
                                                  const tsr_redistribute_rule *rule);
 TSR_API int tsr_registry_redistribute_count(const tsr_registry_t *reg);
 TSR_API const tsr_redistribute_rule *tsr_registry_redistribute_at(const tsr_registry_t *reg, int i);
+/* How many times transition i was applied so far, summed over every rank that reads the
+ * registry: what a run reached of what the plugins registered (`tessera conform` checks that
+ * its runs reach every registration). */
+TSR_API int64_t tsr_registry_redistribute_uses(const tsr_registry_t *reg, int i);
 
 /* ---- The vocabulary ----
  * The ops the model runs through sharding rules and the module styles it applies: the only names
@@ -145,6 +149,9 @@ TSR_API const tsr_op_rule *tsr_registry_find_op_rule(const tsr_registry_t *reg, 
                                                      const tsr_placement *inputs);
 TSR_API int tsr_registry_op_rule_count(const tsr_registry_t *reg);
 TSR_API const tsr_op_rule *tsr_registry_op_rule_at(const tsr_registry_t *reg, int i);
+/* How many times the planner chose op rule i for an op so far, summed over every rank that reads
+ * the registry (as tsr_registry_redistribute_uses). */
+TSR_API int64_t tsr_registry_op_rule_uses(const tsr_registry_t *reg, int i);
 
 /* ---- Composition: a rule hands the op on to another mesh dim's rule ----
  * A communicating rule that has transformed its inputs may leave work for another dim: Ulysses
