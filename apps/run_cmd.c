@@ -1,5 +1,6 @@
 /* `tessera run`: option parsing, backend checks, then the training loop (train.c). */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,8 +43,13 @@ static const char run_usage[] =
     "the rank, the plugin callback or op it ran, the step and the microbatch. When several\n"
     "ranks fail, the first failure in time is reported, the ranks that failed after it below.\n"
     "\n"
+    "SIGINT or SIGTERM: the step under way finishes, the checkpoint ([checkpoint] save) is\n"
+    "written at it, and the run exits with 130 (SIGINT) or 143 (SIGTERM) and a line saying so;\n"
+    "a second SIGINT or SIGTERM exits at once.\n"
+    "\n"
     "exit codes: 0 success, 1 runtime failure (a rank failed, backend or device not built),\n"
-    "            2 bad input (file:line:key errors on stderr; bad checkpoint, data or options)\n";
+    "            2 bad input (file:line:key errors on stderr; bad checkpoint, data or options),\n"
+    "            130, 143 stopped by SIGINT, SIGTERM\n";
 
 /* Keys whose values are paths, with the prefix before the path ("text:" for data sources). */
 static bool is_path_key(const char *assignment) {
@@ -239,6 +245,8 @@ int tsr_cmd_run(int argc, char **argv) {
   /* the backend, device and world were checked with the job (job_load.c) */
   bool mpi = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "mpi");
   bool nccl = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "nccl");
+  /* from here SIGINT and SIGTERM stop the run after the current step; a second exits at once */
+  if (code == TSR_EXIT_OK) tsr_app_stop_install(tsr_mpi_env_rank() > 0);
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_train_run(&job, &opts);
     if (st != TSR_OK) {
@@ -252,6 +260,29 @@ int tsr_cmd_run(int argc, char **argv) {
       code = tsr_app_exit_code(st);
       if (mpi) tsr_mpi_loader_abort(code);
       if (nccl) tsr_nccl_loader_abort(code);
+    }
+    int sig = 0;
+    int64_t at = 0, last = 0;
+    if (st == TSR_OK && tsr_app_stopped(&sig, &at, &last)) {
+      if (opts.progress) fputc('\n', stdout);
+      fflush(stdout);
+      const tsr_config *c = job.cfg;
+      char saved[TSR_TRAIN_PATH_LEN];
+      if (tsr_mpi_env_rank() <= 0) {
+        if (c->job.mode == TSR_MODE_TRAIN && c->checkpoint.save[0])
+          fprintf(stderr,
+                  "tessera run: stopped by %s after step %lld of %lld; checkpoint written to %s "
+                  "(resume with [checkpoint] load = it)\n",
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)at, (long long)last,
+                  tsr_train_path(c, c->checkpoint.save, saved, sizeof saved));
+        else
+          fprintf(stderr,
+                  "tessera run: stopped by %s after step %lld of %lld; no checkpoint written "
+                  "(%s)\n",
+                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)at, (long long)last,
+                  c->job.mode == TSR_MODE_TRAIN ? "[checkpoint] save is empty" : "mode = forward");
+      }
+      code = 128 + sig;
     }
   }
   if (job.cfg) tsr_app_job_close(&job);

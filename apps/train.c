@@ -299,6 +299,16 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
       if (lead) tsr_train_log_eval(&ctx->log, &er);
     }
     tsr_trace_add("step", "step", trace_step, step, -1);
+    /* SIGINT or SIGTERM on any rank: every rank stops after this step, and what follows the
+     * last step (the checkpoint) is done here */
+    int sig = 0;
+    TSR_CHECK_GOTO(tsr_train_stop_agree(all, &sig), st);
+    if (sig && step < end) {
+      /* one rank per process but under local, where rank 0 speaks for the threads */
+      if (lead || strcmp(c->job.backend, "local")) tsr_app_stop_note(sig, step, end);
+      end = step;
+      break;
+    }
   }
   if (lead) tsr_train_log_end(&ctx->log);
   if (lead) st = tsr_train_metrics_close(&ctx->log, c);

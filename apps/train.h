@@ -164,6 +164,20 @@ void tsr_train_trace_end(tsr_train_rank *t);
  * `out` how many events did not fit. Collective over `all`; no-op without a trace. */
 tsr_status tsr_train_trace_write(tsr_train_rank *t, tsr_group_t *all, FILE *out);
 
+/* SIGINT and SIGTERM (run_signals.c). Install makes the first of them ask the run to stop
+ * after the current step and a second exit the process at once (exit 128 + the signal); `quiet`
+ * silences the line each writes on stderr (the processes of an mpi job other than rank 0). */
+void tsr_app_stop_install(bool quiet);
+/* The first SIGINT or SIGTERM received, 0 before one. */
+int tsr_app_stop_signal(void);
+/* Whether any rank has received one, as its signal number (0: none), the same on every rank.
+ * Collective over `all`: the ranks stop after the same step. */
+tsr_status tsr_train_stop_agree(tsr_group_t *all, int *sig);
+/* Rank 0 records that the run stopped after `step` of `end` on `sig`; tsr_app_stopped reads it
+ * back once the ranks have returned (false when the run was not stopped). */
+void tsr_app_stop_note(int sig, int64_t step, int64_t end);
+bool tsr_app_stopped(int *sig, int64_t *step, int64_t *end);
+
 /* [eval] (train_eval.c): the loss on held-out data. */
 typedef struct tsr_train_eval {
   tsr_data_t *data; /* NULL: no evaluation */

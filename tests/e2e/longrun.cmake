@@ -40,3 +40,14 @@ add_test(NAME e2e_dump_step
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/dump_step.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
           ${E2E_OUT}/dump_step)
 set_tests_properties(e2e_dump_step PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "dump step: ok")
+
+# SIGTERM / SIGINT: the step finishes, the checkpoint is written at it, exit 143 / 130 with one
+# line; 8 thread ranks stop together; a log reader gone after the signal changes nothing; a second
+# SIGINT exits at once; with the mpi backend built, one signalled process stops both of a job.
+if(TARGET tessera-mpi)
+  set(SIGNAL_MPIRUN ${TESSERA_MPIRUN})
+endif()
+add_test(NAME e2e_signal
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/signal.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
+          ${E2E_OUT}/signal ${SIGNAL_MPIRUN})
+set_tests_properties(e2e_signal PROPERTIES LABELS e2e TIMEOUT 300 PASS_REGULAR_EXPRESSION "signal: ok")
