@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fnmatch.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +134,14 @@ static tsr_status checkpoint_id(int64_t step, int n, const char *const *names,
   return TSR_OK;
 }
 
+void tsr_save_point_reached(tsr_save_point p) {
+  static const char *const names[] = {"",           "optim-half",      "optim-temp", "model-half",
+                                      "model-temp", "optim-published", "published"};
+  const char *want = getenv("TESSERA_TEST_SAVE_KILL");
+  if (!want || p <= TSR_SAVE_NONE || p > TSR_SAVE_PUBLISHED || strcmp(want, names[p])) return;
+  raise(SIGKILL);
+}
+
 tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, int n,
                                const char *const *names, const tsr_tensor *const *params,
                                const tsr_tensor *const *exp_avg,
@@ -182,17 +191,23 @@ tsr_status tsr_checkpoint_save(const char *model_path, const char *optim_path, i
    * that finds the pair split by a crash between the two renames takes that temporary
    * (tsr_checkpoint_pair). */
   TSR_CHECK_GOTO(tsr_st_write_temp(optim_path, 2 * n, (const char *const *)onames, otensors, 3,
-                                   okeys, ovals, &otmp),
+                                   okeys, ovals, TSR_SAVE_OPTIM_HALF, &otmp),
                  s);
-  TSR_CHECK_GOTO(tsr_st_write_temp(model_path, n, names, params, 3, mkeys, mvals, &mtmp), s);
+  tsr_save_point_reached(TSR_SAVE_OPTIM_TEMP);
+  TSR_CHECK_GOTO(
+      tsr_st_write_temp(model_path, n, names, params, 3, mkeys, mvals, TSR_SAVE_MODEL_HALF, &mtmp),
+      s);
+  tsr_save_point_reached(TSR_SAVE_MODEL_TEMP);
   s = tsr_st_publish(otmp, optim_path);
   free(otmp);
   otmp = NULL;
   if (s != TSR_OK) goto cleanup;
+  tsr_save_point_reached(TSR_SAVE_OPTIM_PUBLISHED);
   s = tsr_st_publish(mtmp, model_path);
   free(mtmp);
   mtmp = NULL;
   if (s != TSR_OK) goto cleanup;
+  tsr_save_point_reached(TSR_SAVE_PUBLISHED);
   tsr_st_remove_stale(optim_path);
   tsr_st_remove_stale(model_path);
 cleanup:

@@ -32,13 +32,30 @@ bool tsr_st_host_is_little_endian(void);
 
 /* ---- writing in two steps (safetensors_write.c) ---- */
 
+/* Fault injection for the tests (docs/testing.md): the points a checkpoint save passes, in
+ * order. With TESSERA_TEST_SAVE_KILL set to a point's name in the environment, the save kills its
+ * own process with SIGKILL on reaching it, as a power cut or the OOM killer would; a test then
+ * checks what a later run makes of the files left behind. Unset (always, outside the tests),
+ * tsr_save_point_reached does nothing. */
+typedef enum tsr_save_point {
+  TSR_SAVE_NONE = 0,
+  TSR_SAVE_OPTIM_HALF,      /* "optim-half": the optimizer temporary half written (flushed) */
+  TSR_SAVE_OPTIM_TEMP,      /* "optim-temp": it complete and synced */
+  TSR_SAVE_MODEL_HALF,      /* "model-half": the model temporary half written */
+  TSR_SAVE_MODEL_TEMP,      /* "model-temp": both temporaries complete, nothing published */
+  TSR_SAVE_OPTIM_PUBLISHED, /* "optim-published": the commit point passed, the model not yet */
+  TSR_SAVE_PUBLISHED,       /* "published": both renamed, stale temporaries not yet removed */
+} tsr_save_point;
+void tsr_save_point_reached(tsr_save_point p);
+
 /* Writes the file tsr_safetensors_save would write to a new temporary `path.tmp.<pid>.<random>`
  * beside `path`, synced, and gives its name (malloc'd) in *tmp; nothing is published. On failure
- * the temporary is removed. */
+ * the temporary is removed. `half` (TSR_SAVE_NONE for none) is reached with the header and half
+ * the tensors written and flushed. */
 tsr_status tsr_st_write_temp(const char *path, int n, const char *const *names,
                              const tsr_tensor *const *tensors, int nmeta,
                              const char *const *meta_keys, const char *const *meta_values,
-                             char **tmp);
+                             tsr_save_point half, char **tmp);
 /* Renames `tmp` over `path` and syncs the directory; on failure removes `tmp`. */
 tsr_status tsr_st_publish(const char *tmp, const char *path);
 /* True when the directory entry `name` is a temporary of `path` (`BASE.tmp.<pid>.<8 hex>`, BASE

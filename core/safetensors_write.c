@@ -294,7 +294,7 @@ void tsr_st_remove_stale(const char *path) {
 tsr_status tsr_st_write_temp(const char *path, int n, const char *const *names,
                              const tsr_tensor *const *tensors, int nmeta,
                              const char *const *meta_keys, const char *const *meta_values,
-                             char **tmp_out) {
+                             tsr_save_point half, char **tmp_out) {
   *tmp_out = NULL;
   if (!path) return TSR_ERROR(TSR_EINVAL, "safetensors save: NULL path");
   if (!tsr_st_host_is_little_endian())
@@ -323,7 +323,10 @@ tsr_status tsr_st_write_temp(const char *path, int n, const char *const *names,
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hdr.len >> (8 * i));
   TSR_CHECK_GOTO(write_all(f, path, tmp, len8, 8), s);
   TSR_CHECK_GOTO(write_all(f, path, tmp, hdr.p, hdr.len), s);
-  for (int i = 0; i < n; i++) TSR_CHECK_GOTO(write_tensor(f, path, tmp, names[i], tensors[i]), s);
+  for (int i = 0; i < n; i++) {
+    if (half && i == n / 2 && fflush(f) == 0) tsr_save_point_reached(half);
+    TSR_CHECK_GOTO(write_tensor(f, path, tmp, names[i], tensors[i]), s);
+  }
   if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
     s = TSR_ERROR(TSR_EIO, "%s: flushing %s failed: %s", path, tmp, strerror(errno));
     goto cleanup;
@@ -362,7 +365,8 @@ tsr_status tsr_safetensors_save(const char *path, int n, const char *const *name
                                 const tsr_tensor *const *tensors, int nmeta,
                                 const char *const *meta_keys, const char *const *meta_values) {
   char *tmp = NULL;
-  TSR_CHECK(tsr_st_write_temp(path, n, names, tensors, nmeta, meta_keys, meta_values, &tmp));
+  TSR_CHECK(tsr_st_write_temp(path, n, names, tensors, nmeta, meta_keys, meta_values, TSR_SAVE_NONE,
+                              &tmp));
   tsr_status s = tsr_st_publish(tmp, path);
   free(tmp);
   if (s == TSR_OK) tsr_st_remove_stale(path);

@@ -75,3 +75,11 @@ add_test(NAME e2e_mem_check
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mem_check.sh ${TESSERA_BIN} ${E2E_JOBS}/accum.ini
           ${E2E_OUT}/mem_check)
 set_tests_properties(e2e_mem_check PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "mem check: ok")
+
+# A run killed (SIGKILL) at each point of a save over a good checkpoint: the next run resumes the
+# last complete checkpoint and ends bit for bit as an uninterrupted run from it; a mixed pair is
+# refused; the dead writer's temporaries are removed by the next save.
+add_test(NAME e2e_ckpt_kill
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_kill.sh ${TESSERA_BIN} ${E2E_JOBS}/resume.ini
+          ${E2E_OUT}/ckpt_kill)
+set_tests_properties(e2e_ckpt_kill PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "ckpt kill: ok")
