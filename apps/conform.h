@@ -160,14 +160,15 @@ void cf_rank_watch(tsr_rank_t *r);
 
 /* Bytes of the heap in use (mallinfo2, every arena); -1 where it cannot be told. */
 int64_t cf_heap_in_use(void);
-/* Runs fn(arg) `warm` times, then twice `reps` times, measuring the heap's growth over each
- * window of reps (the smaller of the two) and what the watched rank allocators held after all of
- * them. Stops at fn's first failure. */
+/* Runs fn(arg) `warm` times, then CF_LEAK_WINDOWS times `reps` times, measuring the heap's
+ * growth over each window of reps (the least of them) and what the watched rank allocators held
+ * after all of them. Stops at fn's first failure. */
+#define CF_LEAK_WINDOWS 3
 typedef tsr_status (*cf_rep_fn)(void *arg);
 tsr_status cf_measure(cf_rep_fn fn, void *arg, int warm, int reps, int64_t *heap_growth,
                       int64_t *rank_leftover);
 /* Below this many heap bytes per repetition growth is noise (docs/conformance.md). */
-#define CF_LEAK_BYTES_PER_REP 256
+#define CF_LEAK_BYTES_PER_REP 1024
 /* L1.leaks (conform_leaks.c). */
 cf_result cf_leaks_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
 

@@ -290,6 +290,68 @@ cleanup:
   return st;
 }
 
+/* The plugin's transitions on the case's dim that take part in moving a tensor like `full`
+ * between Replicate and `p`, both ways: their names and steps into buf. */
+static void transitions_for(const l2_case *c, const tsr_mesh_t *m, const tsr_tensor *full,
+                            tsr_placement p, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  tsr_dtensor meta = {.mesh = m, .ndim = full->ndim, .dtype = full->dtype};
+  memcpy(meta.shape, full->shape, sizeof meta.shape);
+  tsr_placement rep = tsr_replicate();
+  for (int k = 0; k < tsr_registry_redistribute_count(c->reg); k++) {
+    const tsr_redistribute_rule *t = tsr_registry_redistribute_at(c->reg, k);
+    if (t->mesh_dim && strcmp(tsr_mesh_canonical_name(t->mesh_dim), c->dim)) continue;
+    for (int dir = 0; dir < 2 && o < len; dir++) {
+      tsr_placement a = dir ? p : rep, b = dir ? rep : p;
+      char sa[32], sb[32];
+      meta.placements[0] = a;
+      if (t->match(&meta, 0, a, b, t->ctx))
+        o += (size_t)snprintf(buf + o, len - o, "%s'%s' (%s -> %s on %s)", o ? ", " : "", t->name,
+                              pl_str(a, sa), pl_str(b, sb), c->dim);
+    }
+  }
+}
+
+/* Moves `full` Replicate -> p -> Replicate through the registry (collective) and sets *bad on
+ * every rank when that changes the values; rank 0 reports the transitions that took part, before
+ * any op runs on the moved tensor, so that the move is not taken for the op's mismatch. */
+static tsr_status check_move(tsr_rank_t *r, const tsr_mesh_t *m, l2_case *c, const tsr_tensor *full,
+                             tsr_placement p, const char *what, bool me0, bool *bad) {
+  if (p.kind == TSR_REPLICATE || *bad) return TSR_OK;
+  tsr_placement rep = tsr_replicate();
+  tsr_dtensor *x0 = NULL, *x1 = NULL;
+  tsr_tensor *back = NULL;
+  tsr_status st = TSR_OK;
+  TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, full, &rep, &x0), st);
+  TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, x0, m, &p, &x1), st);
+  TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, x1, &back), st);
+  /* every rank holds the same `full` and gathered `back`, so every rank decides alike */
+  *bad = !tsr_tensor_equal(back, full);
+  if (me0 && *bad) {
+    char names[512], sp[32], shape[64];
+    transitions_for(c, m, full, p, names, sizeof names);
+    c->mismatch = true;
+    if (names[0])
+      snprintf(c->msg, sizeof c->msg,
+               "the transition that moves %s (shape %s) to %s is wrong, not the op: R -> %s -> R "
+               "changes its values, and the plugin's transitions %s take part (see "
+               "L2.redistribute); the op was not checked",
+               what, tsr_shape_str(full->ndim, full->shape, shape, sizeof shape), pl_str(p, sp),
+               pl_str(p, sp), names);
+    else
+      snprintf(c->msg, sizeof c->msg,
+               "moving %s (shape %s) R -> %s -> R through the registry changes its values, with "
+               "none of the plugin's transitions taking part; the op was not checked",
+               what, tsr_shape_str(full->ndim, full->shape, shape, sizeof shape), pl_str(p, sp));
+  }
+cleanup:
+  tsr_tensor_free(back);
+  tsr_dtensor_free(x0);
+  tsr_dtensor_free(x1);
+  return st;
+}
+
 static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
   l2_case *c = arg;
   tsr_rank_t *r = NULL, *dense = NULL;
@@ -326,6 +388,14 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
     }
     goto cleanup;
   }
+  /* the inputs' moves first: a wrong transition is named as such */
+  bool moved_bad = false;
+  for (int i = 0; i < nin; i++) {
+    char what[32];
+    snprintf(what, sizeof what, "input %d", i);
+    TSR_CHECK_GOTO(check_move(r, m, c, full[i], pl[i], what, me0, &moved_bad), st);
+  }
+  if (moved_bad) goto cleanup;
   TSR_CHECK_GOTO(forward_backward(dense, m, c, full, nin, rep, NULL, &want), st);
   st = forward_backward(r, m, c, full, nin, pl, c->kind == L2_STYLE ? c->style : NULL, &got);
   if (st != TSR_OK) goto cleanup;
@@ -416,23 +486,23 @@ static bool no_leak(tsr_rank_fn fn, void *arg, int n, const char *what, char *ms
   leak_checked = true;
   leak_case l = {fn, arg, n};
   int64_t heap, ranks;
-  const int reps = 8;
+  const int reps = 6;
   if (cf_measure(leak_once, &l, 2, reps, &heap, &ranks) != TSR_OK) {
     snprintf(msg, len, "%s, repeated to look for leaks: %s", what, tsr_last_error());
     return false;
   }
   if (heap >= (int64_t)CF_LEAK_BYTES_PER_REP * reps) {
     snprintf(msg, len,
-             "%s leaks: the heap in use grew by %lld bytes per run (over %d runs, after 2 to "
-             "settle)",
-             what, (long long)(heap / reps), reps);
+             "%s leaks: the heap in use grew by %lld bytes per run, in each of %d windows of "
+             "%d runs (after 2 to settle)",
+             what, (long long)(heap / reps), CF_LEAK_WINDOWS, reps);
     return false;
   }
   if (ranks > 0) {
     snprintf(msg, len,
              "%s leaks rank memory: the rank allocators still held %lld bytes when the ranks "
              "were freed, over %d runs (tensors made and never freed)",
-             what, (long long)ranks, 2 * reps);
+             what, (long long)ranks, CF_LEAK_WINDOWS * reps);
     return false;
   }
   return true;
@@ -611,14 +681,20 @@ static tsr_status redist_rank(tsr_comm_t *comm, void *arg) {
       back = NULL;
       if (!tsr_placement_equal(got, all[j]) && me0 && !c->bad) {
         c->bad = true;
-        snprintf(c->msg, sizeof c->msg, "%s -> %s gave placement %s", pl_str(all[i], a),
-                 pl_str(all[j], b), pl_str(got, a));
+        snprintf(c->msg, sizeof c->msg, "transition '%s' (%s -> %s on %s) gave placement %s",
+                 c->rule->name, pl_str(all[i], a), pl_str(all[j], b), c->dim, pl_str(got, a));
       }
       if (!same && me0 && !c->bad) {
         c->bad = true;
+        char path[96];
+        if (all[i].kind == TSR_REPLICATE)
+          snprintf(path, sizeof path, "R -> %s -> R", pl_str(all[j], b));
+        else
+          snprintf(path, sizeof path, "R -> %s -> %s -> R", pl_str(all[i], a), pl_str(all[j], b));
         snprintf(c->msg, sizeof c->msg,
-                 "R -> %s -> %s -> R does not give the tensor back (global values changed)",
-                 pl_str(all[i], a), pl_str(all[j], b));
+                 "transition '%s' (%s -> %s on %s): %s does not give the tensor back (global "
+                 "values changed)",
+                 c->rule->name, pl_str(all[i], a), pl_str(all[j], b), c->dim, path);
       }
       TSR_CHECK_GOTO(adjoint(r, m, full, all[i], all[j], &back), st);
       same = tsr_tensor_equal(back, full);
@@ -627,8 +703,9 @@ static tsr_status redist_rank(tsr_comm_t *comm, void *arg) {
       if (!same && me0 && !c->bad) {
         c->bad = true;
         snprintf(c->msg, sizeof c->msg,
-                 "the adjoint of %s -> %s changes the gradient's global values", pl_str(all[i], a),
-                 pl_str(all[j], b));
+                 "transition '%s' (%s -> %s on %s): its adjoint changes the gradient's global "
+                 "values",
+                 c->rule->name, pl_str(all[i], a), pl_str(all[j], b), c->dim);
       }
     }
 cleanup:

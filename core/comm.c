@@ -126,6 +126,39 @@ const char *tsr_call_format(const tsr_call *call, int n, char *buf, size_t len) 
   return buf;
 }
 
+/* Records on `call` where its caller is: the group handle's label and the thread's breadcrumb. */
+static void stamp(tsr_call *call, const tsr_group_t *g) {
+  call->label = g->label;
+  call->crumb = *tsr_breadcrumb_here();
+}
+
+/* " (on group 'fk') in plugin P, optimizer hook H (before step), step 2" for a mismatch message:
+ * the caller's group label when it is not `label`, then what it was running. Empty for a call
+ * that carries neither (from a backend that moved it between processes). */
+static const char *call_where(const tsr_call *c, const char *label, char *buf, size_t len) {
+  const tsr_breadcrumb *b = &c->crumb;
+  size_t pos = 0;
+  buf[0] = '\0';
+  if (c->label && label && strcmp(c->label, label))
+    buf_printf(buf, len, &pos, " on group '%s'", c->label);
+  if (!c->label) return buf;
+  if (b->plugin || b->callback) {
+    buf_printf(buf, len, &pos, " in");
+    if (b->plugin) buf_printf(buf, len, &pos, " plugin %s", b->plugin);
+    if (b->callback) buf_printf(buf, len, &pos, "%s %s", b->plugin ? "," : "", b->callback);
+    if (b->callback && b->name) buf_printf(buf, len, &pos, " %s", b->name);
+    if (b->phase) buf_printf(buf, len, &pos, " (%s)", b->phase);
+    if (b->op) buf_printf(buf, len, &pos, ", during op %s", b->op);
+  } else if (b->op) {
+    buf_printf(buf, len, &pos, " in op %s%s%s%s, no plugin callback", b->op, b->op_pass ? " (" : "",
+               b->op_pass ? b->op_pass : "", b->op_pass ? ")" : "");
+  } else {
+    buf_printf(buf, len, &pos, " outside any op or plugin callback (the program's own call)");
+  }
+  if (b->step > 0) buf_printf(buf, len, &pos, ", step %lld", (long long)b->step);
+  return buf;
+}
+
 /* Whether two members made the same call. all_to_all counts legitimately differ per member and
  * are cross-checked separately. */
 static bool call_same(const tsr_call *a, const tsr_call *b, int n) {
@@ -157,17 +190,28 @@ tsr_status tsr_call_check(const tsr_group_t *g, const tsr_call *const *calls, co
     if (seqs[j] == seqs[0] && call_same(calls[0], calls[j], n)) continue;
     tsr_call_format(calls[0], n, ca, sizeof ca);
     tsr_call_format(calls[j], n, cb, sizeof cb);
+    char wa[512], wb[512];
+    call_where(calls[0], g->label, wa, sizeof wa);
+    call_where(calls[j], g->label, wb, sizeof wb);
     if (seqs[j] != seqs[0]) {
       snprintf(msg, len,
                "collective sequence mismatch on group '%s' %s: rank %d is at call %" PRIu64
-               " (%s), rank %d at call %" PRIu64 " (%s); every member must make the same calls "
-               "on a group in the same order",
-               g->label, rs, g->ranks[0], seqs[0], ca, g->ranks[j], seqs[j], cb);
+               " (%s%s), rank %d at call %" PRIu64 " (%s%s); every member must make the same "
+               "calls on a group in the same order",
+               g->label, rs, g->ranks[0], seqs[0], ca, wa, g->ranks[j], seqs[j], cb, wb);
     } else {
       snprintf(msg, len,
                "collective mismatch on group '%s' %s (seq %" PRIu64
-               "): rank %d called %s, rank %d called %s",
-               g->label, rs, seqs[0], g->ranks[0], ca, g->ranks[j], cb);
+               "): rank %d called %s%s, rank %d called %s%s",
+               g->label, rs, seqs[0], g->ranks[0], ca, wa, g->ranks[j], cb, wb);
+    }
+    const tsr_breadcrumb *x = &calls[0]->crumb, *y = &calls[j]->crumb;
+    if (calls[0]->label && calls[j]->label &&
+        (x->callback != y->callback || x->name != y->name || x->op != y->op)) {
+      size_t l = strlen(msg);
+      snprintf(msg + l, len - l,
+               "; the two were running different code: a callback or op made a collective call "
+               "that not every member of the group made, or made it in another order");
     }
     return TSR_ECOMM;
   }
@@ -439,6 +483,7 @@ tsr_status tsr_comm_all_reduce(tsr_group_t *g, const void *send, void *recv, siz
   TSR_CHECK(tsr_stage_begin(g, &send, count * es, &recv, count * es, &sg));
   tsr_call call = {
       .kind = TSR_COLL_ALL_REDUCE, .dt = dt, .op = op, .count = count, .send = send, .recv = recv};
+  stamp(&call, g);
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->all_reduce(g, &call)));
   uint64_t own = (uint64_t)tsr_chunk_size((int64_t)count, g->n, g->index) * es;
   count_bytes(g, (uint64_t)count * es - own + own * (uint64_t)(g->n - 1), "all_reduce", t0);
@@ -470,6 +515,7 @@ tsr_status tsr_comm_all_gather(tsr_group_t *g, const void *send, size_t send_cou
                    .counts = counts ? counts : owned,
                    .send = send,
                    .recv = recv};
+  stamp(&call, g);
   TSR_CHECK_GOTO(tsr_stage_end(&sg, g->comm->iface->all_gather(g, &call)), st);
   count_bytes(g, (uint64_t)send_count * es * (uint64_t)(g->n - 1), "all_gather", t0);
 cleanup:
@@ -505,6 +551,7 @@ tsr_status tsr_comm_reduce_scatter(tsr_group_t *g, const void *send, void *recv,
                    .counts = counts ? counts : owned,
                    .send = send,
                    .recv = recv};
+  stamp(&call, g);
   TSR_CHECK_GOTO(tsr_stage_end(&sg, g->comm->iface->reduce_scatter(g, &call)), st);
   count_bytes(g, (uint64_t)(total - recv_count) * es, "reduce_scatter", t0);
 cleanup:
@@ -542,6 +589,7 @@ tsr_status tsr_comm_all_to_all(tsr_group_t *g, const void *send, const size_t *s
                    .recv_counts = recv_counts,
                    .send = send,
                    .recv = recv};
+  stamp(&call, g);
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->all_to_all(g, &call)));
   count_bytes(g, (uint64_t)(sent - send_counts[g->index]) * es, "all_to_all", t0);
   return TSR_OK;
@@ -559,6 +607,7 @@ tsr_status tsr_comm_broadcast(tsr_group_t *g, void *buf, size_t count, tsr_dtype
   TSR_CHECK(tsr_stage_begin(g, &send, bytes, &buf, bytes, &sg));
   tsr_call call = {
       .kind = TSR_COLL_BROADCAST, .dt = dt, .root = root, .count = count, .send = buf, .recv = buf};
+  stamp(&call, g);
   TSR_CHECK(tsr_stage_end(&sg, g->comm->iface->broadcast(g, &call)));
   /* the root sends to every other member; the others send nothing */
   uint64_t sent =
@@ -571,6 +620,7 @@ tsr_status tsr_comm_barrier(tsr_group_t *g) {
   if (!g) return TSR_ERROR(TSR_EINVAL, "barrier: group is NULL");
   if (g->n == 1) return TSR_OK;
   tsr_call call = {.kind = TSR_COLL_BARRIER, .dt = TSR_F32};
+  stamp(&call, g);
   int64_t t0 = tsr_trace_clock();
   TSR_CHECK(g->comm->iface->barrier(g, &call));
   count_bytes(g, 0, "barrier", t0);

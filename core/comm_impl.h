@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "tessera/backend.h"
+#include "tessera/breadcrumb.h"
 #include "tessera/comm.h"
 
 typedef enum tsr_coll {
@@ -45,6 +46,11 @@ struct tsr_call {
   const size_t *recv_counts; /* all_to_all */
   const void *send;
   void *recv; /* broadcast: the buffer */
+  /* Where the caller was, for mismatch messages: its handle's label and its thread's breadcrumb
+   * (the plugin callback or op it ran). Not compared; a backend that moves calls between
+   * processes may leave them zero. */
+  const char *label;
+  tsr_breadcrumb crumb;
 };
 
 /* Backend entry points. Called only for groups of two or more members with arguments already

@@ -22,7 +22,10 @@
  *                   a dim of another name;
  *   FLAW_TRANSITION a redistribute transition R -> S(1) that takes every batch row's slice from
  *                   the first batch row (an index without its batch stride), and a rope rule
- *                   on S(1) whose inputs it moves.
+ *                   on S(1) whose inputs it moves;
+ *   FLAW_SKIP       a before-step optimizer hook that all-reduces a gradient statistic over the
+ *                   plugin's dim, except on the ranks whose shard of it is zero, which skip the
+ *                   call: every rank has one at step 1, rank 1 of the dim has none at step 2.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -173,6 +176,23 @@ static tsr_status stale_hook(tsr_rank_t *r, tsr_hook_when when, const tsr_optim_
 }
 #endif
 
+#ifdef FLAW_SKIP
+static tsr_status skip_hook(tsr_rank_t *r, tsr_hook_when when, const tsr_optim_step *step,
+                            void *ctx) {
+  (void)when, (void)ctx;
+  int d = tsr_mesh_find_dim(step->mesh, FLAW_DIM);
+  if (d < 0 || tsr_mesh_dim_size(step->mesh, d) < 2) return TSR_OK;
+  int coords[TSR_MAX_MESH_DIMS] = {0};
+  tsr_mesh_coords(step->mesh, tsr_rank_id(r), coords);
+  /* the defect: a rank with nothing to add leaves the collective out */
+  float mine = step->step == 2 && coords[d] == 1 ? 0.0f : 1.0f, sum = 0;
+  if (mine == 0.0f) return TSR_OK;
+  tsr_group_t *g;
+  TSR_CHECK(tsr_mesh_group(step->mesh, tsr_rank_comm(r), 1u << d, &g));
+  return tsr_comm_all_reduce(g, &mine, &sum, 1, TSR_F32, TSR_REDUCE_SUM);
+}
+#endif
+
 #ifdef FLAW_GROUP
 /* The dims this plugin's author knew to split the data. */
 static const char *const known_data_dims[] = {FLAW_DIM,  "dp",         "dp_shard", "dp_replicate",
@@ -316,6 +336,10 @@ static tsr_status flaw_register(tsr_registry_t *reg, const tsr_plugin_args *args
   TSR_CHECK(tsr_registry_add_rank_state(reg, &kept));
   tsr_optim_hook hook = {FLAW_NAME ".feedback", TSR_HOOK_BEFORE_STEP, stale_hook, state};
   TSR_CHECK(tsr_registry_add_optim_hook(reg, &hook));
+#endif
+#ifdef FLAW_SKIP
+  tsr_optim_hook skip = {FLAW_NAME ".sync", TSR_HOOK_BEFORE_STEP, skip_hook, state};
+  TSR_CHECK(tsr_registry_add_optim_hook(reg, &skip));
 #endif
 #ifdef FLAW_GROUP
   tsr_op_rule loss = {.name = FLAW_NAME ".cross_entropy",
