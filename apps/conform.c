@@ -48,7 +48,8 @@ static const char conform_usage[] =
     "options:\n"
     "  --filter GLOB    run only the tests whose name matches (repeatable: any of them)\n"
     "  --list           print the test names and exit\n"
-    "  --output FORMAT  human (default), tap (TAP 13) or xml (JUnit)\n"
+    "  --format FORMAT  human (default), tap (TAP 13) or junit (JUnit XML); --output is the\n"
+    "                   same option, and takes xml for junit\n"
     "  --xfail FILE     expected failures: one 'GLOB reason' per line ('#' comments); a matching\n"
     "                   failure is XFAIL, a matching pass is XPASS (which fails the run)\n"
     "  --strict         NOTSUP fails the run\n"
@@ -484,8 +485,8 @@ int tsr_cmd_conform(int argc, char **argv) {
   cf_format fmt = CF_HUMAN;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
-    bool takes = !strcmp(a, "--filter") || !strcmp(a, "--output") || !strcmp(a, "--xfail") ||
-                 !strcmp(a, "--timeout");
+    bool takes = !strcmp(a, "--filter") || !strcmp(a, "--output") || !strcmp(a, "--format") ||
+                 !strcmp(a, "--xfail") || !strcmp(a, "--timeout");
     if (takes && i + 1 >= argc) {
       fprintf(stderr, "tessera conform: %s needs a value\n%s", a, conform_usage);
       return TSR_EXIT_BAD_INPUT;
@@ -496,16 +497,16 @@ int tsr_cmd_conform(int argc, char **argv) {
         return TSR_EXIT_BAD_INPUT;
       }
       filters[nfilters++] = argv[++i];
-    } else if (!strcmp(a, "--output")) {
+    } else if (!strcmp(a, "--format") || !strcmp(a, "--output")) {
       const char *v = argv[++i];
       if (!strcmp(v, "human"))
         fmt = CF_HUMAN;
       else if (!strcmp(v, "tap"))
         fmt = CF_TAP;
-      else if (!strcmp(v, "xml"))
+      else if (!strcmp(v, "junit") || !strcmp(v, "xml"))
         fmt = CF_XML;
       else {
-        fprintf(stderr, "tessera conform: --output '%s': expected human, tap or xml\n", v);
+        fprintf(stderr, "tessera conform: %s '%s': expected human, tap or junit\n", a, v);
         return TSR_EXIT_BAD_INPUT;
       }
     } else if (!strcmp(a, "--xfail")) {
