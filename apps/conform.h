@@ -25,7 +25,7 @@
 #include "app.h"
 #include "tessera/plugin.h"
 
-#define CF_SUITE_VERSION "1.0.0"
+#define CF_SUITE_VERSION "1.1.0"
 #define CF_MAX_TESTS     1024
 #define CF_MAX_LIST      16  /* dims, required plugins */
 #define CF_MAX_KEYS      32  /* declared [strategy.NAME] keys */
