@@ -138,9 +138,11 @@ cf_result cf_leaks_test(const cf_plugin *p, const cf_test *t, char *msg, size_t 
   if (tsr_config_parse_string(text, "conform-leaks.ini", &cfg) != TSR_OK)
     return cf_say(msg, len, CF_FAIL, "suite error: %s", tsr_last_error());
   leak_direct x = {d, {cfg, p->name, p->path, TSR_ABI_MAJOR, TSR_ABI_MINOR}, LEAK_VALIDATE};
-  static const char *const phase_names[] = {"validate", "init then fini",
-                                            "init, register_rules (into a registry then freed), "
-                                            "check_registry, fini"};
+  static const char *const phase_names[] = {
+      "validate",
+      "init then fini",
+      "init, register_rules (into a registry then freed), check_registry, fini",
+  };
   for (int ph = d->validate ? LEAK_VALIDATE : LEAK_INIT_FINI; ph <= LEAK_REGISTER; ph++) {
     /* register_rules alone needs the plugins it requires registered first: the loader's job
      * below covers it then */
