@@ -20,16 +20,21 @@ static const tsr_vocab_op ops[] = {
     {TSR_OP_ADD, 2, 0, "a, b"},
     {TSR_OP_SWIGLU, 2, 0, "gate, up"},
     {TSR_OP_CROSS_ENTROPY, 2, 0, "logits, labels"},
+    {TSR_OP_MOE_ROUTER, 1, 0, "logits"},
+    {TSR_OP_MOE_EXPERTS, 4, 1u << 2 | 1u << 3, "x, combine, w13, w2"},
+    {TSR_OP_MOE_AUX_LOSS, 1, 0, "stats"},
 };
 
 static const char *const op_names[] = {
-    TSR_OP_EMBEDDING, TSR_OP_RMSNORM, TSR_OP_LINEAR,        TSR_OP_ROPE, TSR_OP_SDPA,
-    TSR_OP_ADD,       TSR_OP_SWIGLU,  TSR_OP_CROSS_ENTROPY, NULL,
+    TSR_OP_EMBEDDING,  TSR_OP_RMSNORM,     TSR_OP_LINEAR,       TSR_OP_ROPE,
+    TSR_OP_SDPA,       TSR_OP_ADD,         TSR_OP_SWIGLU,       TSR_OP_CROSS_ENTROPY,
+    TSR_OP_MOE_ROUTER, TSR_OP_MOE_EXPERTS, TSR_OP_MOE_AUX_LOSS, NULL,
 };
 
 static const char *const style_names[] = {
-    TSR_STYLE_EMBEDDING, TSR_STYLE_COLUMN_LINEAR, TSR_STYLE_KV_LINEAR, TSR_STYLE_ROW_LINEAR,
-    TSR_STYLE_RMSNORM,   TSR_STYLE_ATTENTION,     TSR_STYLE_MLP,       NULL,
+    TSR_STYLE_EMBEDDING,  TSR_STYLE_COLUMN_LINEAR, TSR_STYLE_KV_LINEAR,
+    TSR_STYLE_ROW_LINEAR, TSR_STYLE_RMSNORM,       TSR_STYLE_ATTENTION,
+    TSR_STYLE_MLP,        TSR_STYLE_EXPERTS,       NULL,
 };
 
 const char *const *tsr_op_names(void) {

@@ -316,6 +316,69 @@ TSR_API void tsr_kernel_attention_merge(float *out /* (R, D) */, float *lse /* (
                                         const float *lse_b /* (R) */, int R, int D);
 
 /* ---------------------------------------------------------------------------------------------
+ * Sparse mixture of experts (since ABI 1.2), tessera/ops.h's moe ops in pieces: an expert-parallel
+ * rule routes locally, moves the rows to their experts' ranks, runs the FFNs there and combines
+ * them back home, with the same functions the 1-rank op uses, so both sum in the same order.
+ *
+ * Routed rows: every (token n, expert e) with combine[n, e] != 0, ordered by e, then n. offsets
+ * (E + 1) gives each expert's first row (offsets[E] = M rows); token (M) each row's token.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Per token n: p = softmax(logits[n]), the top_k largest p (ties to the lower index), combine[n]
+ * = those p / their sum, 0 elsewhere; probs[n] = p. Accumulates stats (2, E): row 0 += scale for
+ * each selected expert, row 1 += scale * p. 1 <= top_k <= E. */
+TSR_API void tsr_kernel_moe_router_forward(float *combine /* (N, E) */, float *probs /* (N, E) */,
+                                           float *stats /* (2, E) */,
+                                           const float *logits /* (N, E) */, int N, int E,
+                                           int top_k, float scale);
+/* dlogits += the gradient through combine (dcombine, may be NULL) and through stats row 1
+ * (dstats (2, E), may be NULL; row 0 is not read), from the forward's probs and combine. */
+TSR_API void tsr_kernel_moe_router_backward(float *dlogits /* (N, E) */,
+                                            const float *dcombine /* (N, E) or NULL */,
+                                            const float *dstats /* (2, E) or NULL */,
+                                            const float *probs /* (N, E) */,
+                                            const float *combine /* (N, E) */, int N, int E,
+                                            float scale);
+/* The routed rows of combine: fills offsets and token (capacity N * E) as above. */
+TSR_API void tsr_kernel_moe_route(int64_t *offsets /* (E + 1) */, int32_t *token /* (M) */,
+                                  const float *combine /* (N, E) */, int N, int E);
+/* xs[m] = x[token[m]]. */
+TSR_API void tsr_kernel_moe_gather(float *xs /* (M, C) */, const float *x /* (N, C) */,
+                                   const int32_t *token /* (M) */, int64_t M, int C);
+/* dx[token[m]] += dxs[m], m in order. */
+TSR_API void tsr_kernel_moe_scatter_add(float *dx /* (N, C) */, const float *dxs /* (M, C) */,
+                                        const int32_t *token /* (M) */, int64_t M, int C);
+/* Expert FFNs over rows grouped by expert (offsets (E + 1), relative to these rows and experts):
+ * h = x w13[e]^T (gate then up), out = (silu(h[:, :I]) * h[:, I:]) w2[e]^T. h is kept for the
+ * backward. TSR_ENOMEM when its (M, I) scratch cannot be had. */
+TSR_API tsr_status tsr_kernel_moe_ffn_forward(float *out /* (M, C) */, float *h /* (M, 2I) */,
+                                              const float *x /* (M, C) */,
+                                              const float *w13 /* (E, 2I, C) */,
+                                              const float *w2 /* (E, C, I) */,
+                                              const int64_t *offsets /* (E + 1) */, int E, int C,
+                                              int I);
+/* dx += (NULL: not wanted), dw13 += and dw2 += (NULL: not wanted) from dout and the forward's h.
+ * TSR_ENOMEM when its scratch cannot be had, with nothing written. */
+TSR_API tsr_status tsr_kernel_moe_ffn_backward(
+    float *dx /* (M, C) or NULL */, float *dw13 /* (E, 2I, C) or NULL */,
+    float *dw2 /* (E, C, I) or NULL */, const float *dout /* (M, C) */, const float *x /* (M, C) */,
+    const float *h /* (M, 2I) */, const float *w13 /* (E, 2I, C) */,
+    const float *w2 /* (E, C, I) */, const int64_t *offsets /* (E + 1) */, int E, int C, int I);
+/* out[token[m]] += combine[token[m], e] * y[m] over the routed rows in order, so each token's
+ * experts add in ascending order (the caller zeroes out first). */
+TSR_API void tsr_kernel_moe_combine(float *out /* (N, C) */, const float *y /* (M, C) */,
+                                    const float *combine /* (N, E) */,
+                                    const int32_t *token /* (M) */,
+                                    const int64_t *offsets /* (E + 1) */, int E, int C);
+/* Its backward: dy[m] = combine[n, e] * dout[n] (overwrites), dcombine[n, e] += dout[n] . y[m]
+ * (dcombine may be NULL). */
+TSR_API void
+tsr_kernel_moe_combine_backward(float *dy /* (M, C) */, float *dcombine /* (N, E) or NULL */,
+                                const float *dout /* (N, C) */, const float *y /* (M, C) */,
+                                const float *combine /* (N, E) */, const int32_t *token /* (M) */,
+                                const int64_t *offsets /* (E + 1) */, int E, int C);
+
+/* ---------------------------------------------------------------------------------------------
  * Optimizer and gradient clipping
  * ------------------------------------------------------------------------------------------- */
 

@@ -55,6 +55,16 @@ typedef struct tsr_rope_attrs {
   float theta;
 } tsr_rope_attrs;
 
+/* Since ABI 1.2. */
+typedef struct tsr_moe_router_attrs {
+  int top_k;   /* experts per token */
+  float scale; /* 1 / tokens of the whole batch: what each token adds to the stats */
+} tsr_moe_router_attrs;
+
+typedef struct tsr_moe_aux_attrs {
+  float scale; /* out = scale * sum_e stats[0, e] * stats[1, e] */
+} tsr_moe_aux_attrs;
+
 /* ---- Ops ----
  * A rule with a compute function on one mesh dim replaces the op's local kernel (forward and
  * backward); the other ops' attributes are NULL. */
@@ -95,6 +105,30 @@ TSR_API tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_
  * shards weigh by their valid tokens. */
 TSR_API tsr_status tsr_op_cross_entropy(tsr_tape_t *t, tsr_var *logits, tsr_var *labels,
                                         tsr_var **out);
+
+/* ---- Sparse mixture of experts (Mixtral's block), since ABI 1.2 ----
+ * A block is router logits = linear(x, gate (E, C)), then moe_router, then moe_experts; the
+ * load-balancing loss sums every block's stats and ends in moe_aux_loss. */
+
+/* Router on logits (B, L, E): p = softmax over the experts; each token's top_k experts of largest
+ * p (ties go to the lower expert index: a stable descending sort); their p renormalised to sum
+ * to 1. combine (B, L, E) holds those weights and 0 for the experts a token does not use. stats
+ * (2, E): row 0 the fraction of the whole batch's tokens that select expert e, row 1 the mean of
+ * p[e] over them, the two factors of Mixtral's load-balancing loss. With the tokens sharded, each
+ * rank holds its tokens' share of the stats (Partial(sum)); row 0 has no gradient. */
+TSR_API tsr_status tsr_op_moe_router(tsr_tape_t *t, tsr_var *logits, int top_k, tsr_var **combine,
+                                     tsr_var **stats);
+/* The experts: out (B, L, C) = sum over e of combine[.., e] * FFN_e(x), each token's experts
+ * added in ascending order, FFN_e(x) = w2[e] (silu(w1[e] x) * w3[e] x), where w13 (E, 2I, C)
+ * stacks each expert's w1 (rows 0 ..< I) over its w3 (rows I ..< 2I) and w2 is (E, C, I). A token
+ * goes to the experts whose combine weight is nonzero; nothing is dropped (no capacity). */
+TSR_API tsr_status tsr_op_moe_experts(tsr_tape_t *t, tsr_var *x, tsr_var *combine, tsr_var *w13,
+                                      tsr_var *w2, tsr_var **out);
+/* The load-balancing loss from stats (2, E) summed over the blocks:
+ * out () = scale * sum_e stats[0, e] * stats[1, e]; the gradient reaches row 1 only. The model
+ * takes scale = router_aux_loss_coef * E / blocks^2, which is Hugging Face's
+ * load_balancing_loss_func over every block's router logits. */
+TSR_API tsr_status tsr_op_moe_aux_loss(tsr_tape_t *t, tsr_var *stats, float scale, tsr_var **out);
 
 /* Redistribute with autograd: the backward is the adjoint (tsr_dtensor_redistribute_adjoint). */
 TSR_API tsr_status tsr_op_redistribute(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,

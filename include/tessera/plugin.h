@@ -8,7 +8,10 @@
  * it cannot work with). The core never names a plugin: a job's [plugins] load list does.
  *
  * Version policy.
- *   - TSR_ABI_MINOR grows when tsr_strategy gains a field. Fields are only ever appended at the
+ *   - TSR_ABI_MINOR grows when tsr_strategy gains a field, and when the core gains functions,
+ *     ops or module styles a plugin may use (1.2: the mixture-of-experts ops and the "experts"
+ *     style); a plugin that uses them needs a core of that minor or newer, and an older core
+ *     refuses it at load (dlopen with RTLD_NOW finds the symbol missing). Fields are only ever appended at the
  *     end (after `reserved`), and a reserved slot may be given a meaning only when zero keeps
  *     the old behaviour. A core reads an appended field only when the plugin's struct_size covers
  *     it, so a plugin built against an older minor keeps working with a newer core; a newer

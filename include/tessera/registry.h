@@ -57,6 +57,12 @@ TSR_API int64_t tsr_registry_redistribute_uses(const tsr_registry_t *reg, int i)
 #define TSR_OP_ADD           "add"           /* (a, b) -> a + b */
 #define TSR_OP_SWIGLU        "swiglu"        /* (gate, up) -> silu(gate) * up */
 #define TSR_OP_CROSS_ENTROPY "cross_entropy" /* (logits (B, L, V), labels (B, L) i32) -> () */
+/* Since ABI 1.2: the sparse mixture-of-experts block (tessera/ops.h). */
+#define TSR_OP_MOE_ROUTER "moe_router" /* (logits (B, L, E)) -> (combine (B, L, E), stats (2, E))  \
+                                        */
+#define TSR_OP_MOE_EXPERTS "moe_experts"   /* (x (B, L, C), combine, w13 (E, 2I, C), w2 (E, C, I)) \
+                                            */
+#define TSR_OP_MOE_AUX_LOSS "moe_aux_loss" /* (stats (2, E)) -> () */
 
 /* The Llama model's modules. "embedding" also lays out the model's data on each dim: its `input`
  * is the placement of the token ids and of the labels (B, L), its `output` that of the hidden
@@ -69,6 +75,11 @@ TSR_API int64_t tsr_registry_redistribute_uses(const tsr_registry_t *reg, int i)
 #define TSR_STYLE_RMSNORM       "rmsnorm"       /* the norms */
 #define TSR_STYLE_ATTENTION     "attention"     /* the attention block, from its input (B, L, C) */
 #define TSR_STYLE_MLP           "mlp"           /* the MLP block, from its input (B, L, C) */
+/* Since ABI 1.2. The experts of a sparse MoE block: its "weight" placement applies to both
+ * stacked expert weights, w13 (E, 2I, C) and w2 (E, C, I), so Shard(0) splits the experts; its
+ * input and output are those of the moe_experts op, (B, L, C) and the combine weights (B, L, E)
+ * on entry, (B, L, C) on exit. */
+#define TSR_STYLE_EXPERTS "experts"
 
 /* The op names above, NULL-terminated. */
 TSR_API const char *const *tsr_op_names(void);
