@@ -22,11 +22,18 @@ bool tsr_op_generic_rule(const char *op, tsr_var *const *in, int nin, int dim,
     all_replicate = all_replicate && p[j].kind == TSR_REPLICATE;
     grads[j] = p[j];
   }
-  outputs[0] = tsr_replicate();
+  outputs[0] = outputs[1] = tsr_replicate();
   if (all_replicate) return true; /* every rank computes the same thing */
   int n = tsr_mesh_dim_size(in[0]->value->mesh, dim);
   int last = in[0]->value->ndim - 1;
   tsr_placement x = p[0];
+  if (x.kind == TSR_PARTIAL && !strcmp(op, "add")) {
+    /* sums of pieces add piecewise (the router stats of several MoE blocks) */
+    if (!tsr_placement_equal(p[1], x)) return false;
+    outputs[0] = x;
+    grads[0] = grads[1] = tsr_replicate(); /* the gradient of a sum's pieces is the sum's */
+    return true;
+  }
   if (x.kind != TSR_SHARD) return false;
   int d = x.dim;
   outputs[0] = x;
@@ -53,6 +60,20 @@ bool tsr_op_generic_rule(const char *op, tsr_var *const *in, int nin, int dim,
     if (d == 0) return true;
     /* heads are independent when every rank keeps whole query groups */
     return d == 2 && in[0]->value->shape[2] % n == 0 && in[1]->value->shape[2] % n == 0;
+  }
+  if (!strcmp(op, "moe_router")) {
+    /* tokens are independent; the stats are sums over them, scaled by the whole batch's count */
+    if (d >= last) return false;
+    outputs[1] = tsr_partial(TSR_REDUCE_SUM);
+    return true;
+  }
+  if (!strcmp(op, "moe_experts")) {
+    /* replicated experts see their shard of the tokens; their gradients sum over the shards */
+    if (d >= last || !tsr_placement_equal(p[1], x) || p[2].kind != TSR_REPLICATE ||
+        p[3].kind != TSR_REPLICATE)
+      return false;
+    grads[2] = grads[3] = tsr_partial(TSR_REDUCE_SUM);
+    return true;
   }
   if (!strcmp(op, "cross_entropy")) {
     /* the op divides by the valid-token count of the whole batch, so the pieces sum to it */

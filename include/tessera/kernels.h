@@ -348,22 +348,22 @@ TSR_API void tsr_kernel_moe_gather(float *xs /* (M, C) */, const float *x /* (N,
 /* dx[token[m]] += dxs[m], m in order. */
 TSR_API void tsr_kernel_moe_scatter_add(float *dx /* (N, C) */, const float *dxs /* (M, C) */,
                                         const int32_t *token /* (M) */, int64_t M, int C);
-/* Expert FFNs over rows grouped by expert (offsets (E + 1), relative to these rows and experts):
- * h = x w13[e]^T (gate then up), out = (silu(h[:, :I]) * h[:, I:]) w2[e]^T. h is kept for the
- * backward. TSR_ENOMEM when its (M, I) scratch cannot be had. */
-TSR_API tsr_status tsr_kernel_moe_ffn_forward(float *out /* (M, C) */, float *h /* (M, 2I) */,
+/* Expert FFNs of width F over rows grouped by expert (offsets (E + 1), relative to these rows and
+ * experts): h = x w13[e]^T (gate then up), out = (silu(h[:, :F]) * h[:, F:]) w2[e]^T. h is kept for
+ * the backward. TSR_ENOMEM when its (M, F) scratch cannot be had. */
+TSR_API tsr_status tsr_kernel_moe_ffn_forward(float *out /* (M, C) */, float *h /* (M, 2F) */,
                                               const float *x /* (M, C) */,
-                                              const float *w13 /* (E, 2I, C) */,
-                                              const float *w2 /* (E, C, I) */,
+                                              const float *w13 /* (E, 2F, C) */,
+                                              const float *w2 /* (E, C, F) */,
                                               const int64_t *offsets /* (E + 1) */, int E, int C,
-                                              int I);
+                                              int F);
 /* dx += (NULL: not wanted), dw13 += and dw2 += (NULL: not wanted) from dout and the forward's h.
  * TSR_ENOMEM when its scratch cannot be had, with nothing written. */
 TSR_API tsr_status tsr_kernel_moe_ffn_backward(
-    float *dx /* (M, C) or NULL */, float *dw13 /* (E, 2I, C) or NULL */,
-    float *dw2 /* (E, C, I) or NULL */, const float *dout /* (M, C) */, const float *x /* (M, C) */,
-    const float *h /* (M, 2I) */, const float *w13 /* (E, 2I, C) */,
-    const float *w2 /* (E, C, I) */, const int64_t *offsets /* (E + 1) */, int E, int C, int I);
+    float *dx /* (M, C) or NULL */, float *dw13 /* (E, 2F, C) or NULL */,
+    float *dw2 /* (E, C, F) or NULL */, const float *dout /* (M, C) */, const float *x /* (M, C) */,
+    const float *h /* (M, 2F) */, const float *w13 /* (E, 2F, C) */,
+    const float *w2 /* (E, C, F) */, const int64_t *offsets /* (E + 1) */, int E, int C, int F);
 /* out[token[m]] += combine[token[m], e] * y[m] over the routed rows in order, so each token's
  * experts add in ascending order (the caller zeroes out first). */
 TSR_API void tsr_kernel_moe_combine(float *out /* (N, C) */, const float *y /* (M, C) */,
