@@ -6,6 +6,11 @@ This is the independent implementation that Tessera's 1-rank run is checked agai
 (eager attention, no KV cache, no dropout, no biases) and uses the same parameter names,
 so a checkpoint written here loads in either framework.
 
+With num_local_experts > 0 it is a mixture-of-experts model with Hugging Face Mixtral's sparse
+block (softmax router, top-k experts, renormalised weights, SwiGLU experts w1/w2/w3, the
+load-balancing auxiliary loss) on the layers Qwen2-MoE's decoder_sparse_step selects; every
+other layer keeps the dense MLP.
+
 Everything is float32, except that set_matmul_bf16() makes every linear layer multiply in mixed
 precision (bf16 operands, f32 sums), as Tessera's `[job] dtype = bf16`.  Nothing here depends on
 packages beyond torch and numpy.
@@ -26,15 +31,19 @@ import torch.nn.functional as F
 # --------------------------------------------------------------------------------------
 
 class LlamaConfig:
-    """The subset of Hugging Face's LlamaConfig that the model needs (same key names)."""
+    """The subset of Hugging Face's LlamaConfig that the model needs (same key names), plus
+    Mixtral's / Qwen2-MoE's mixture-of-experts keys (num_local_experts = 0: a dense model)."""
 
     KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "rope_theta",
             "tie_word_embeddings")
+    MOE_KEYS = ("num_local_experts", "num_experts_per_tok", "decoder_sparse_step",
+                "router_aux_loss_coef")
 
     def __init__(self, vocab_size, hidden_size, intermediate_size, num_hidden_layers,
                  num_attention_heads, num_key_value_heads=None, rms_norm_eps=1e-5,
-                 rope_theta=10000.0, tie_word_embeddings=False):
+                 rope_theta=10000.0, tie_word_embeddings=False, num_local_experts=0,
+                 num_experts_per_tok=2, decoder_sparse_step=1, router_aux_loss_coef=0.001):
         self.vocab_size = int(vocab_size)
         self.hidden_size = int(hidden_size)
         self.intermediate_size = int(intermediate_size)
@@ -45,17 +54,36 @@ class LlamaConfig:
         self.rms_norm_eps = float(rms_norm_eps)
         self.rope_theta = float(rope_theta)
         self.tie_word_embeddings = bool(tie_word_embeddings)
+        # Mixture of experts (defaults as HF Mixtral, except that 0 experts means dense).
+        self.num_local_experts = int(num_local_experts)
+        self.num_experts_per_tok = int(num_experts_per_tok)
+        self.decoder_sparse_step = int(decoder_sparse_step)
+        self.router_aux_loss_coef = float(router_aux_loss_coef)
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("num_attention_heads must divide hidden_size")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_key_value_heads must divide num_attention_heads")
+        if self.num_local_experts < 0:
+            raise ValueError("num_local_experts must be >= 0")
+        if self.num_local_experts and not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError("num_experts_per_tok must be in 1 .. num_local_experts")
+        if self.decoder_sparse_step < 1:
+            raise ValueError("decoder_sparse_step must be >= 1")
 
     @property
     def head_dim(self):
         return self.hidden_size // self.num_attention_heads
 
+    def is_moe_layer(self, layer):
+        """Layer `layer` (0-based) is sparse iff experts exist and (layer + 1) % step == 0."""
+        return self.num_local_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+
+    def moe_layers(self):
+        return [l for l in range(self.num_hidden_layers) if self.is_moe_layer(l)]
+
     def as_dict(self):
-        return {k: getattr(self, k) for k in self.KEYS}
+        keys = self.KEYS + (self.MOE_KEYS if self.num_local_experts else ())
+        return {k: getattr(self, k) for k in keys}
 
 
 # --------------------------------------------------------------------------------------
@@ -198,32 +226,131 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class LlamaDecoderLayer(nn.Module):
+def route_top_k(router_logits, k):
+    """Mixtral's routing of T tokens over E experts: router_logits [T, E] -> (probs [T, E],
+    weights [T, k], experts [T, k]).
+
+    probs = softmax(router_logits) in float32 (float64 when the model is float64); the k
+    largest per token by a STABLE descending sort, so that among equal probabilities the lower
+    expert index comes first (an exact tie at the k-th place selects the lower index);
+    weights = those k probabilities divided by their sum.  experts[t] is in that descending
+    order, not ascending.
+    """
+    probs = F.softmax(router_logits, dim=-1,
+                      dtype=torch.promote_types(router_logits.dtype, torch.float32))
+    ranked, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+    top, experts = ranked[:, :k], order[:, :k]
+    return probs, top / top.sum(dim=-1, keepdim=True), experts
+
+
+class MoeExpert(nn.Module):
+    """One expert: the SwiGLU MLP under Mixtral's names, w2(silu(w1(x)) * w3(x))."""
+
     def __init__(self, cfg):
         super().__init__()
+        h, i = cfg.hidden_size, cfg.intermediate_size
+        self.w1 = Linear(h, i)
+        self.w2 = Linear(i, h)
+        self.w3 = Linear(h, i)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SparseMoeBlock(nn.Module):
+    """Mixtral's sparse MoE block: no capacity limit, no token dropping, no jitter.
+
+    Registered as `block_sparse_moe` with `gate` (the router, [E, hidden]) before
+    `experts.{e}` so that named_parameters() lists gate, experts.0.w1, .w2, .w3, experts.1 ...
+    """
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.num_experts, self.top_k = cfg.num_local_experts, cfg.num_experts_per_tok
+        self.gate = Linear(cfg.hidden_size, self.num_experts)
+        self.experts = nn.ModuleList(MoeExpert(cfg) for _ in range(self.num_experts))
+
+    def forward(self, x):
+        """x [B, L, hidden] -> (output [B, L, hidden], router_logits [B*L, E]).
+
+        output[t] = sum over the selected experts e, in ascending e, of
+        weight[t, e] * expert_e(x[t]); tokens are flattened row-major (t = b*L + position).
+        """
+        b, l, h = x.shape
+        flat = x.reshape(b * l, h)
+        router_logits = self.gate(flat)
+        _, weights, experts = route_top_k(router_logits, self.top_k)
+        weights = weights.to(flat.dtype)
+        out = torch.zeros_like(flat)
+        # Expert by expert in ascending index, accumulated with index_add_ (as HF), so each
+        # token's sum runs over its experts in ascending order, starting from zero.
+        for e in range(self.num_experts):
+            tokens, slot = torch.where(experts == e)
+            if tokens.numel() == 0:
+                continue
+            y = self.experts[e](flat[tokens]) * weights[tokens, slot, None]
+            out = out.index_add(0, tokens, y)
+        return out.reshape(b, l, h), router_logits
+
+
+def load_balancing_loss(router_logits, num_experts, top_k):
+    """HF's load_balancing_loss_func with attention_mask None.
+
+    router_logits: the MoE layers' [T, E] logits, in layer order.  On their concatenation
+    [layers*T, E]: routing = softmax; the same stable top-k as the forward; expert_mask =
+    one_hot(selected) [layers*T, k, E] (no gradient); tokens_per_expert = mean over rows [k, E];
+    router_prob_per_expert = mean of routing over rows [E];
+    aux = sum(tokens_per_expert * router_prob_per_expert) * E.
+    """
+    logits = torch.cat(list(router_logits), dim=0)
+    routing = F.softmax(logits, dim=-1)
+    _, selected = torch.sort(routing, dim=-1, descending=True, stable=True)
+    expert_mask = F.one_hot(selected[:, :top_k], num_experts)
+    tokens_per_expert = torch.mean(expert_mask.to(routing.dtype), dim=0)
+    router_prob_per_expert = torch.mean(routing, dim=0)
+    return torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg, layer=0):
+        super().__init__()
         self.self_attn = LlamaAttention(cfg)
-        self.mlp = LlamaMLP(cfg)
+        # Registration order is the parameter order: attention, MLP or MoE block, norms.
+        self.is_moe = cfg.is_moe_layer(layer)
+        if self.is_moe:
+            self.block_sparse_moe = SparseMoeBlock(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, cos, sin):
+        """Returns (x, router_logits [B*L, E] or None for a dense layer)."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        if self.is_moe:
+            y, router_logits = self.block_sparse_moe(self.post_attention_layernorm(x))
+            return x + y, router_logits
         x = x + self.mlp(self.post_attention_layernorm(x))
-        return x
+        return x, None
 
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, l)
+                                    for l in range(cfg.num_hidden_layers))
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, cos, sin):
+        """Returns (final hidden states, list of the MoE layers' router logits in order)."""
         x = self.embed_tokens(input_ids)
+        router_logits = []
         for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.norm(x)
+            x, r = layer(x, cos, sin)
+            if r is not None:
+                router_logits.append(r)
+        return self.norm(x), router_logits
 
 
 class LlamaForCausalLM(nn.Module):
@@ -239,11 +366,14 @@ class LlamaForCausalLM(nn.Module):
             # model.embed_tokens.weight, and autograd sums the two gradient contributions.
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids):
+    def forward(self, input_ids, with_router_logits=False):
+        """logits [B, L, V]; with_router_logits: (logits, [router_logits of each MoE layer])."""
         cfg = self.cfg
         cos, sin = rope_tables(input_ids.shape[1], cfg.head_dim, cfg.rope_theta,
                                device=input_ids.device)
-        return self.lm_head(self.model(input_ids, cos, sin))
+        hidden, router_logits = self.model(input_ids, cos, sin)
+        logits = self.lm_head(hidden)
+        return (logits, router_logits) if with_router_logits else logits
 
 
 def init_weights(model, generator):
@@ -271,6 +401,19 @@ def loss_fn(logits, labels):
     """
     v = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, v), labels.reshape(-1).long(), ignore_index=-100)
+
+
+def total_loss(cfg, logits, labels, router_logits):
+    """(loss, cross_entropy, aux): loss = CE + router_aux_loss_coef * aux, as HF's Mixtral adds
+    it, whenever the model has MoE layers and the coefficient is not 0.  aux is None for a
+    dense model (no router logits) and computed, but not added, when the coefficient is 0."""
+    ce = loss_fn(logits, labels)
+    if not router_logits:
+        return ce, ce, None
+    aux = load_balancing_loss(router_logits, cfg.num_local_experts, cfg.num_experts_per_tok)
+    if cfg.router_aux_loss_coef == 0:
+        return ce, ce, aux
+    return ce + cfg.router_aux_loss_coef * aux, ce, aux
 
 
 def param_count(model):

@@ -9,6 +9,9 @@ For each case this writes, under tests/data/golden/<case>/:
                         logits [B, L, V], loss [], grad.<name> (before clipping),
                         after.<name> (after clip_grad_norm_ and one AdamW step)
   job.ini               a Tessera job that reproduces the case on one rank
+  routing.safetensors   (MoE cases only) each MoE layer's router logits, selected experts
+                        and weights, and the two parts of the loss: for debugging, not
+                        part of the dump
 
 Usage:
   make_golden.py                       regenerate every case (tests/data/golden)
@@ -30,7 +33,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama_ref import (LlamaConfig, LlamaForCausalLM, init_weights, load_safetensors,  # noqa: E402
-                       loss_fn, rope_tables, save_safetensors, set_matmul_bf16)
+                       route_top_k, save_safetensors, set_matmul_bf16, total_loss)
 
 REPO = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEFAULT_OUT = os.path.join(REPO, "tests", "data", "golden")
@@ -54,6 +57,12 @@ OPT = dict(lr=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, max_norm=
 #           implementations whose f32 sums differ in order round a few GEMM operands to
 #           neighbouring bf16 values, which moves results by far more than f32 rounding does
 #           (the float64 rerun below measures how much)
+#   moe     mixture of experts on every layer (E 4, top-2, router_aux_loss_coef 0.02), with an
+#           exact router tie: after init, layer 0's gate row 2 is copied into row 3
+#           ("tie_router"), so experts 2 and 3 have equal probabilities on every token of that
+#           layer and, where only one of them fits in the top k, the lower index (2) must win
+#   moe_sparse  decoder_sparse_step 2 (3 layers, only layer 1 is MoE; 0 and 2 stay dense),
+#           E 6, top-3, coef 0.05, tied embeddings, uneven sizes
 CASES = {
     "gqa": dict(seed=1, batch=2, seq=16,
                 cfg=dict(vocab_size=256, hidden_size=64, intermediate_size=176,
@@ -71,6 +80,19 @@ CASES = {
                  cfg=dict(vocab_size=256, hidden_size=64, intermediate_size=176,
                           num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
                           rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)),
+    "moe": dict(seed=5, batch=2, seq=16, tie_router=(0, 2, 3),
+                cfg=dict(vocab_size=256, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+                         num_local_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                         router_aux_loss_coef=0.02)),
+    "moe_sparse": dict(seed=6, batch=3, seq=10,
+                       cfg=dict(vocab_size=250, hidden_size=48, intermediate_size=64,
+                                num_hidden_layers=3, num_attention_heads=6,
+                                num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+                                tie_word_embeddings=True, num_local_experts=6,
+                                num_experts_per_tok=3, decoder_sparse_step=2,
+                                router_aux_loss_coef=0.05)),
 }
 
 
@@ -164,17 +186,126 @@ def check_attention(model, input_ids):
     return err
 
 
-def check_loss(logits, labels, loss):
-    """Recompute the mean CE in float64 from the stored logits and labels."""
+def check_loss(logits, labels, loss, extra=0.0):
+    """Recompute the mean CE in float64 from the stored logits and labels (plus `extra`, the
+    MoE cases' router_aux_loss_coef * aux recomputed by check_routing)."""
     lg = logits.astype(np.float64).reshape(-1, logits.shape[-1])
     lb = labels.reshape(-1).astype(np.int64)
     keep = lb != -100
     top = lg.max(axis=1, keepdims=True)
     lse = (top + np.log(np.exp(lg - top).sum(axis=1, keepdims=True)))[:, 0]
-    ref = float(np.mean(lse[keep] - lg[keep, lb[keep]]))
+    ref = float(np.mean(lse[keep] - lg[keep, lb[keep]])) + extra
     err = abs(ref - float(loss))
     assert err <= 1e-6 * max(1.0, abs(ref)), f"loss check: stored {float(loss)} vs {ref}"
     return err
+
+
+def loop_moe_block(block, x):
+    """A sparse MoE block's output [T, hidden], by explicit loops in float64.
+
+    Per token: router logits as dot products with the gate rows, softmax by exp / sum, the top
+    k picked one at a time as the largest remaining probability (strict >, scanning experts in
+    ascending index, so a tie goes to the lower index), weights renormalised over the k, then
+    the experts' SwiGLU outputs (silu(a) = a / (1 + exp(-a))) added in ascending expert order.
+    Returns (output, list of each token's selected experts in selection order).
+    """
+    n_exp, k = block.num_experts, block.top_k
+    xs = x.reshape(-1, x.shape[-1]).double()
+    gate = block.gate.weight.detach().double()
+    ws = [tuple(getattr(block.experts[e], w).weight.detach().double() for w in ("w1", "w2", "w3"))
+          for e in range(n_exp)]
+    out = torch.zeros_like(xs)
+    chosen_all = []
+    for t in range(xs.shape[0]):
+        logits = [float(xs[t] @ gate[e]) for e in range(n_exp)]
+        top = max(logits)
+        ex = [math.exp(z - top) for z in logits]
+        probs = [v / sum(ex) for v in ex]
+        chosen = []
+        for _ in range(k):
+            best = None
+            for e in range(n_exp):
+                if e not in chosen and (best is None or probs[e] > probs[best]):
+                    best = e
+            chosen.append(best)
+        chosen_all.append(chosen)
+        total = sum(probs[e] for e in chosen)
+        for e in sorted(chosen):
+            w1, w2, w3 = ws[e]
+            a = xs[t] @ w1.T
+            hidden = (a / (1.0 + torch.exp(-a))) * (xs[t] @ w3.T)
+            out[t] += (probs[e] / total) * (hidden @ w2.T)
+    return out, chosen_all
+
+
+def check_moe_loop(model, input_ids):
+    """Compare every MoE block's output (vectorised, f32) with loop_moe_block on its input."""
+    captured = {}
+    handles = []
+    for l, layer in enumerate(model.model.layers):
+        if layer.is_moe:
+            def hook(_module, args, output, l=l):
+                captured[l] = (args[0].detach(), output[0].detach(), output[1].detach())
+            handles.append(layer.block_sparse_moe.register_forward_hook(hook))
+    with torch.no_grad():
+        model(input_ids)
+    for h in handles:
+        h.remove()
+    err = 0.0
+    for l, (x, out, logits) in captured.items():
+        block = model.model.layers[l].block_sparse_moe
+        ref, chosen = loop_moe_block(block, x)
+        _, _, experts = route_top_k(logits, block.top_k)
+        assert experts.tolist() == chosen, f"MoE loop check: layer {l} selects other experts"
+        err = max(err, (out.reshape(ref.shape).double() - ref).abs().max().item())
+    assert err < 1e-6, f"MoE loop check: max |diff| {err:.3e}"
+    return err
+
+
+def check_routing(routing, cfg):
+    """From the written routing file, in float64 numpy: the selection (stable top-k, ties to
+    the lower index), the renormalised weights and HF's load-balancing loss, against what was
+    written.  Returns (coef * aux in float64, |d aux|, the smallest gap between the k-th and
+    the (k+1)-th probability of a token other than an exact tie, number of exact ties at the
+    k-th place, i.e. tokens whose selection the tie rule decides)."""
+    n_exp, k = cfg.num_local_experts, cfg.num_experts_per_tok
+    layers = cfg.moe_layers()
+    all_logits = []
+    min_gap, ties = math.inf, 0
+    for l in layers:
+        lg = routing[f"router_logits.{l}"].astype(np.float64)
+        all_logits.append(lg)
+        p = np.exp(lg - lg.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        order = np.argsort(-p, axis=1, kind="stable")      # equal keys keep ascending index
+        sel = order[:, :k]
+        assert np.array_equal(sel, routing[f"selected_experts.{l}"]), f"layer {l}: selection"
+        w = np.take_along_axis(p, sel, axis=1)
+        w /= w.sum(axis=1, keepdims=True)
+        werr = np.abs(w - routing[f"routing_weights.{l}"]).max()
+        assert werr < 1e-6, f"layer {l}: routing weights |d| {werr:.3e}"
+        if k < n_exp:
+            # the f32 probabilities the forward used decide ties; gaps measured on them
+            lg32 = torch.from_numpy(routing[f"router_logits.{l}"].copy())
+            p32 = torch.softmax(lg32, dim=-1).double().numpy()
+            ranked = -np.sort(-p32, axis=1)
+            gap = ranked[:, k - 1] - ranked[:, k]
+            ties += int((gap == 0).sum())
+            if (gap > 0).any():
+                min_gap = min(min_gap, float(gap[gap > 0].min()))
+    lg = np.concatenate(all_logits, axis=0)
+    p = np.exp(lg - lg.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    sel = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    tokens_per_expert = np.zeros((k, n_exp))
+    for slot in range(k):
+        for e in range(n_exp):
+            tokens_per_expert[slot, e] = np.mean(sel[:, slot] == e)
+    aux = float((tokens_per_expert * p.mean(axis=0)[None, :]).sum() * n_exp)
+    aux_err = abs(aux - float(routing["aux_loss"]))
+    assert aux_err <= 1e-6 * max(1.0, aux), \
+        f"aux loss: written {float(routing['aux_loss'])} vs {aux}"
+    return cfg.router_aux_loss_coef * aux, aux_err, min_gap, ties
 
 
 def check_adamw(before, grads, after):
@@ -211,6 +342,12 @@ def job_ini(case, spec):
         assert float(text) == x, (text, x)
         return text
 
+    moe = []
+    if c.get("num_local_experts", 0):
+        moe = [f"num_local_experts = {c['num_local_experts']}",
+               f"num_experts_per_tok = {c['num_experts_per_tok']}",
+               f"decoder_sparse_step = {c['decoder_sparse_step']}",
+               f"router_aux_loss_coef = {num(c['router_aux_loss_coef'])}"]
     lines = [
         f"; Golden case '{case}': reproduces tests/data/golden/{case}/expected.safetensors.",
         "; Generated by tests/golden/make_golden.py; paths are relative to this file.",
@@ -230,6 +367,7 @@ def job_ini(case, spec):
         f"rms_norm_eps = {num(c['rms_norm_eps'])}",
         f"rope_theta = {num(c['rope_theta'])}",
         f"tie_word_embeddings = {'true' if c['tie_word_embeddings'] else 'false'}",
+    ] + moe + [
         "",
         "[data]", "source = safetensors:batch.safetensors",
         f"batch_size = {spec['batch']}", f"seq_len = {spec['seq']}",
@@ -248,11 +386,18 @@ def job_ini(case, spec):
     return "\n".join(lines)
 
 
-def train_step(model, input_ids, labels):
-    """One step as the dump describes it: logits, loss, pre-clip grads, params after AdamW."""
+def train_step(model, input_ids, labels, parts=None):
+    """One step as the dump describes it: logits, loss, pre-clip grads, params after AdamW.
+
+    The loss is the total (cross-entropy + router_aux_loss_coef * aux for an MoE model).  A
+    dict passed as `parts` receives the cross-entropy, the aux loss and the router logits.
+    """
     params = dict(model.named_parameters())
-    logits = model(input_ids)
-    loss = loss_fn(logits, labels)
+    logits, router_logits = model(input_ids, with_router_logits=True)
+    loss, ce, aux = total_loss(model.cfg, logits, labels, router_logits)
+    if parts is not None:
+        parts.update(ce=ce.detach(), aux=None if aux is None else aux.detach(),
+                     router_logits=[r.detach() for r in router_logits])
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in params.items()}   # before clipping
     torch.nn.utils.clip_grad_norm_(list(params.values()), max_norm=OPT["max_norm"])
@@ -274,7 +419,16 @@ def check_float64(d, cfg, input_ids, labels, expected, spec):
     """
     model = model_from(d, cfg).double()
     set_matmul_bf16(model, spec.get("dtype") == "bf16")
-    logits, loss, grads, after = train_step(model, input_ids, labels)
+    parts = {}
+    logits, loss, grads, after = train_step(model, input_ids, labels, parts)
+    if cfg.num_local_experts:
+        # A different selection in float64 would make the comparison meaningless; the gaps
+        # check_routing reports say how far each token is from such a flip.
+        routing, _ = load_safetensors(os.path.join(d, "routing.safetensors"))
+        for l, r in zip(cfg.moe_layers(), parts["router_logits"]):
+            _, _, experts = route_top_k(r, cfg.num_experts_per_tok)
+            assert np.array_equal(experts.numpy(), routing[f"selected_experts.{l}"]), \
+                f"float64 rerun: layer {l} selects other experts"
     ref = {"logits": logits, "loss": loss}
     ref.update({"grad." + n: g for n, g in grads.items()})
     ref.update({"after." + n: p for n, p in after.items()})
@@ -295,11 +449,22 @@ def generate(case, spec, out_root):
     gen = torch.Generator().manual_seed(spec["seed"])
     model = LlamaForCausalLM(cfg)
     init_weights(model, gen)
+    if "tie_router" in spec:
+        # An exact router tie: equal gate rows give equal logits and probabilities on every
+        # token of that layer, so the selection rule for ties is part of the golden data.
+        layer, src, dst = spec["tie_router"]
+        with torch.no_grad():
+            gate = model.model.layers[layer].block_sparse_moe.gate.weight
+            gate[dst] = gate[src]
     set_matmul_bf16(model, spec.get("dtype") == "bf16")
     input_ids, labels = make_batch(cfg.vocab_size, spec["batch"], spec["seq"], gen)
 
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    logits, loss, grads, after = train_step(model, input_ids, labels)
+    parts = {}
+    logits, loss, grads, after = train_step(model, input_ids, labels, parts)
+    if "tie_router" in spec:
+        r = parts["router_logits"][cfg.moe_layers().index(layer)]
+        assert torch.equal(r[:, src], r[:, dst]), "the tied gate rows gave different logits"
 
     d = os.path.join(out_root, case)
     os.makedirs(d, exist_ok=True)
@@ -313,6 +478,16 @@ def generate(case, spec, out_root):
     save_safetensors(os.path.join(d, "expected.safetensors"), expected, {"format": DUMP_FORMAT})
     with open(os.path.join(d, "job.ini"), "w", newline="\n") as f:
         f.write(job_ini(case, spec))
+    if cfg.num_local_experts:
+        routing = []
+        for l, r in zip(cfg.moe_layers(), parts["router_logits"]):
+            _, weights, experts = route_top_k(r, cfg.num_experts_per_tok)
+            routing += [(f"router_logits.{l}", r),
+                        (f"selected_experts.{l}", experts.to(torch.int32)),
+                        (f"routing_weights.{l}", weights)]
+        routing += [("cross_entropy", parts["ce"].reshape(())),
+                    ("aux_loss", parts["aux"].reshape(()))]
+        save_safetensors(os.path.join(d, "routing.safetensors"), routing, {"format": "pt"})
 
     # Self-checks, on what was written where possible (so the reader is checked too).
     got, meta = load_safetensors(os.path.join(d, "expected.safetensors"))
@@ -321,7 +496,12 @@ def generate(case, spec, out_root):
     for n, t in expected:
         assert np.array_equal(got[n], t.numpy()), f"round trip changed {n}"
     batch, _ = load_safetensors(os.path.join(d, "batch.safetensors"))
-    loss_err = check_loss(got["logits"], batch["labels"], got["loss"])
+    extra = 0.0
+    if cfg.num_local_experts:
+        routing, _ = load_safetensors(os.path.join(d, "routing.safetensors"))
+        extra, aux_err, min_gap, ties = check_routing(routing, cfg)
+        moe_err = check_moe_loop(model_from(d, cfg), input_ids)
+    loss_err = check_loss(got["logits"], batch["labels"], got["loss"], extra)
     attn_err = check_attention(model_from(d, cfg), input_ids)
     norm, coef, adam_err = check_adamw(before, grads, after)
     f64_ratio, f64_name = check_float64(d, cfg, input_ids, labels, expected, spec)
@@ -334,6 +514,12 @@ def generate(case, spec, out_root):
     print(f"{case}: self-check attention-loop |d|={attn_err:.2e} loss-recompute |d|="
           f"{loss_err:.2e} adamw-closed-form |d|={adam_err:.2e} float64-rerun worst "
           f"{f64_ratio:.2f}x tolerance ({f64_name}): ok")
+    if cfg.num_local_experts:
+        print(f"{case}: moe layers={cfg.moe_layers()} cross_entropy={parts['ce'].item():.6f} "
+              f"aux={parts['aux'].item():.6f} (loss = CE + {cfg.router_aux_loss_coef:g} * aux)")
+        print(f"{case}: self-check moe-loop |d|={moe_err:.2e} aux-recompute |d|={aux_err:.2e}; "
+              f"k-th vs (k+1)-th probability: smallest gap {min_gap:.2e}, exact ties decided "
+              f"by the lower index {ties}: ok")
 
 
 def model_from(d, cfg):
