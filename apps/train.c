@@ -40,6 +40,10 @@ tsr_llama_config tsr_train_model_config(const tsr_config *c) {
       .rms_norm_eps = (float)c->model.rms_norm_eps,
       .rope_theta = (float)c->model.rope_theta,
       .tie_word_embeddings = c->model.tie_word_embeddings,
+      .num_local_experts = (int)tsr_config_ext_of(c)->model.num_local_experts,
+      .num_experts_per_tok = (int)tsr_config_ext_of(c)->model.num_experts_per_tok,
+      .decoder_sparse_step = (int)tsr_config_ext_of(c)->model.decoder_sparse_step,
+      .router_aux_loss_coef = (float)tsr_config_ext_of(c)->model.router_aux_loss_coef,
   };
   return m;
 }
@@ -125,10 +129,8 @@ cleanup:
 static tsr_status dump_params(tsr_train_rank *t, tsr_train_dump *d, const char *prefix,
                               bool grads) {
   for (int i = 0; i < t->nparams; i++) {
-    char name[512];
-    snprintf(name, sizeof name, "%s%s", prefix, t->names[i]);
     const tsr_dtensor *x = grads ? t->params[i]->grad : t->params[i]->value;
-    TSR_CHECK(tsr_train_dump_add(t, d, name, x));
+    TSR_CHECK(tsr_train_dump_add_param(t, d, prefix, i, x));
   }
   return TSR_OK;
 }

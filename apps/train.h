@@ -68,6 +68,20 @@ typedef struct tsr_train_rank {
   char skipped[1024];
 } tsr_train_rank;
 
+/* The parameters as Hugging Face files name them (train_hf.c): n tensors, each a view of part of
+ * one parameter's full tensor. */
+typedef struct tsr_train_hf {
+  int n;
+  char **names;       /* (n) e.g. model.layers.0.block_sparse_moe.experts.3.w1.weight */
+  tsr_tensor **views; /* (n) into the `full` tensors given; NULL where full[param] was NULL */
+  int *param;         /* (n) the parameter each belongs to */
+} tsr_train_hf;
+
+/* Splits `full` (t->nparams full tensors, entries may be NULL; `full` itself may be NULL for the
+ * names only) into the Hugging Face tensors. The views borrow full's storage: free them first. */
+tsr_status tsr_train_hf_split(const tsr_train_rank *t, tsr_tensor *const *full, tsr_train_hf *h);
+void tsr_train_hf_free(tsr_train_hf *h);
+
 /* True when one of the `n` labels is not the ignore index (-100): a microbatch without one has
  * no loss (NaN) and no gradient, and adds nothing to the step's loss. */
 bool tsr_train_any_label(const int32_t *labels, int64_t n);
@@ -112,6 +126,10 @@ typedef struct tsr_train_dump {
  * Collective over x's mesh, or over the job's mesh when x lives on one pipeline stage. */
 tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
                               const tsr_dtensor *x);
+/* Adds parameter i's `x` (its value or gradient) as "<prefix><name>" for each of its Hugging Face
+ * tensors (tsr_train_hf_split): the stacked experts as one tensor per expert and weight. */
+tsr_status tsr_train_dump_add_param(tsr_train_rank *t, tsr_train_dump *d, const char *prefix, int i,
+                                    const tsr_dtensor *x);
 /* Appends a tensor that is already full (ownership moves). */
 tsr_status tsr_train_dump_add_full(tsr_train_dump *d, const char *name, tsr_tensor *full);
 /* The logits of a batch run in `n` parts (microbatches, accumulation steps), concatenated along

@@ -64,6 +64,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16], where[TSR_MAX_PATH + 160];
   tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
   tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;
+  tsr_train_hf hf = {0}, hf2 = {0}; /* the files' tensors: views into full, or ea and eas */
   char *model_file = NULL;
   tsr_status st = TSR_OK;
   const char *ignore[16];
@@ -91,7 +92,10 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
               optim, path, model_file);
   }
   TSR_CHECK_GOTO(alloc_full(t, &full), st);
-  st = tsr_checkpoint_load_model(model_file ? model_file : path, t->nparams, t->names, full, &opts);
+  TSR_CHECK_GOTO(tsr_train_hf_split(t, full, &hf), st);
+  st = tsr_checkpoint_load_model(model_file ? model_file : path, hf.n,
+                                 (const char *const *)hf.names, hf.views, &opts);
+  tsr_train_hf_free(&hf);
   if (st != TSR_OK) {
     st = tsr_error_prefix(st, "%s",
                           tsr_config_where(cfg, "checkpoint", "load", where, sizeof where));
@@ -108,7 +112,10 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   int64_t step = 0;
   TSR_CHECK_GOTO(alloc_full(t, &ea), st);
   TSR_CHECK_GOTO(alloc_full(t, &eas), st);
-  st = tsr_checkpoint_load_optim(optim, t->nparams, t->names, ea, eas, &step);
+  TSR_CHECK_GOTO(tsr_train_hf_split(t, ea, &hf), st);
+  TSR_CHECK_GOTO(tsr_train_hf_split(t, eas, &hf2), st);
+  st = tsr_checkpoint_load_optim(optim, hf.n, (const char *const *)hf.names, hf.views, hf2.views,
+                                 &step);
   if (st != TSR_OK) {
     st = tsr_error_prefix(st,
                           "%s: optimizer state beside the model file (remove it to start the "
@@ -130,6 +137,8 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   t->start_step = step;
   *resumed = true;
 cleanup:
+  tsr_train_hf_free(&hf);
+  tsr_train_hf_free(&hf2);
   free(model_file);
   free_full(full, t->nparams);
   free_full(ea, t->nparams);
@@ -187,9 +196,18 @@ tsr_status tsr_train_save_checkpoint(tsr_train_rank *t) {
   if (tsr_rank_id(t->r) == 0) {
     char path[TSR_TRAIN_PATH_LEN], where[TSR_MAX_PATH + 160];
     tsr_train_path(cfg, cfg->checkpoint.save, path, sizeof path);
-    st = tsr_checkpoint_save(path, NULL, t->nparams, t->names, (const tsr_tensor *const *)p,
-                             (const tsr_tensor *const *)ea, (const tsr_tensor *const *)eas,
-                             tsr_adamw_get_step(t->opt));
+    tsr_train_hf hp, hm, hv;
+    st = tsr_train_hf_split(t, p, &hp);
+    if (st == TSR_OK) st = tsr_train_hf_split(t, ea, &hm);
+    if (st == TSR_OK) st = tsr_train_hf_split(t, eas, &hv);
+    if (st == TSR_OK)
+      st = tsr_checkpoint_save(path, NULL, hp.n, (const char *const *)hp.names,
+                               (const tsr_tensor *const *)hp.views,
+                               (const tsr_tensor *const *)hm.views,
+                               (const tsr_tensor *const *)hv.views, tsr_adamw_get_step(t->opt));
+    tsr_train_hf_free(&hp);
+    tsr_train_hf_free(&hm);
+    tsr_train_hf_free(&hv);
     if (st != TSR_OK)
       st = tsr_error_prefix(st, "%s",
                             tsr_config_where(cfg, "checkpoint", "save", where, sizeof where));
@@ -235,9 +253,10 @@ tsr_status tsr_train_dump_add_batch(tsr_train_dump *d, tsr_tensor *const *parts,
   return tsr_train_dump_add_full(d, "loss", scalar);
 }
 
-tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
-                              const tsr_dtensor *x) {
+/* x's full tensor in *full on rank 0 (NULL on the others and where nothing holds x). */
+static tsr_status dump_full(tsr_train_rank *t, const tsr_dtensor *x, tsr_tensor **out) {
   tsr_tensor *full = NULL;
+  *out = NULL;
   if (!tsr_mesh_equal(x->mesh, t->job->mesh) && tsr_mesh_unbound_dim(x->mesh)) {
     /* on one pipeline stage: every rank joins the move to the whole mesh (a broadcast along
      * the unbound dim), so that rank 0 gets it from whichever stage holds it */
@@ -256,7 +275,45 @@ tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *
     tsr_tensor_free(full);
     return TSR_OK;
   }
-  return tsr_train_dump_add_full(d, name, full);
+  *out = full;
+  return TSR_OK;
+}
+
+tsr_status tsr_train_dump_add(tsr_train_rank *t, tsr_train_dump *d, const char *name,
+                              const tsr_dtensor *x) {
+  tsr_tensor *full = NULL;
+  TSR_CHECK(dump_full(t, x, &full));
+  return full ? tsr_train_dump_add_full(d, name, full) : TSR_OK;
+}
+
+tsr_status tsr_train_dump_add_param(tsr_train_rank *t, tsr_train_dump *d, const char *prefix, int i,
+                                    const tsr_dtensor *x) {
+  char name[512];
+  if (tsr_llama_hf_count(t->model, i) == 1) {
+    snprintf(name, sizeof name, "%s%s", prefix, t->names[i]);
+    return tsr_train_dump_add(t, d, name, x);
+  }
+  tsr_tensor *full = NULL, **all = NULL;
+  tsr_train_hf hf = {0};
+  tsr_status st = dump_full(t, x, &full);
+  if (st != TSR_OK || !full) return st;
+  all = calloc((size_t)t->nparams, sizeof *all);
+  if (!all) st = TSR_ERROR(TSR_ENOMEM, "dump: out of memory");
+  if (st == TSR_OK) {
+    all[i] = full;
+    st = tsr_train_hf_split(t, all, &hf);
+  }
+  for (int j = 0; st == TSR_OK && j < hf.n; j++) {
+    if (hf.param[j] != i) continue;
+    tsr_tensor *copy = NULL;
+    snprintf(name, sizeof name, "%s%s", prefix, hf.names[j]);
+    st = tsr_tensor_clone(hf.views[j], &copy);
+    if (st == TSR_OK) st = tsr_train_dump_add_full(d, name, copy);
+  }
+  tsr_train_hf_free(&hf);
+  tsr_tensor_free(full);
+  free(all);
+  return st;
 }
 
 tsr_status tsr_train_dump_write(tsr_train_rank *t, tsr_train_dump *d) {

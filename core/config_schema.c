@@ -35,6 +35,8 @@
     {sec, {k, TSR_KEY_STRING, def, 0, 0, NULL, text}}, TSR_STORE_CHARS, XOFF(field), XSZ(field),   \
         0, 0                                                                                       \
   }
+#define XKEY_FLOAT(sec, k, field, def, lo, hi, text)                                               \
+  { {sec, {k, TSR_KEY_FLOAT, def, lo, hi, NULL, text}}, TSR_STORE_F64, XOFF(field), 0, 0, 0 }
 #define XKEY_ENUM(sec, k, field, def, choices, text)                                               \
   { {sec, {k, TSR_KEY_ENUM, def, 0, 0, choices, text}}, TSR_STORE_ENUM, XOFF(field), 0, 0, 0 }
 
@@ -118,6 +120,14 @@ const tsr_schema_entry tsr_schema[] = {
     KEY_FLOAT("model", "rope_theta", model.rope_theta, "10000", 1, 1e9, "RoPE base"),
     KEY_BOOL("model", "tie_word_embeddings", model.tie_word_embeddings, "false",
              "share the embedding matrix with the output projection"),
+    XKEY_INT("model", "num_local_experts", model.num_local_experts, "0", 0, 4096,
+             "experts per mixture-of-experts layer (Mixtral); 0 = dense MLPs"),
+    XKEY_INT("model", "num_experts_per_tok", model.num_experts_per_tok, "2", 1, 4096,
+             "experts each token is routed to (top-k), at most num_local_experts"),
+    XKEY_INT("model", "decoder_sparse_step", model.decoder_sparse_step, "1", 1, 1000,
+             "layer l (from 0) is a mixture-of-experts layer when (l + 1) % step == 0"),
+    XKEY_FLOAT("model", "router_aux_loss_coef", model.router_aux_loss_coef, "0.001", 0, 1e3,
+               "weight of the load-balancing loss added to the training loss"),
 
     KEY_STRING("data", "source", data.source, "synthetic",
                "synthetic | text:PATH | tokens:PATH | safetensors:PATH (input_ids, labels)"),

@@ -180,6 +180,13 @@ typedef struct tsr_config_ext {
   struct {
     char metrics[TSR_MAX_VALUE]; /* JSON Lines file of every step and evaluation; "" = none */
   } output;
+  struct {
+    /* sparse mixture of experts (ABI 1.2), Hugging Face Mixtral's names */
+    int64_t num_local_experts;   /* experts per MoE layer; 0 = a dense model */
+    int64_t num_experts_per_tok; /* experts each token is routed to (top-k) */
+    int64_t decoder_sparse_step; /* layer l is MoE when (l + 1) % step == 0; 1 = every layer */
+    double router_aux_loss_coef; /* weight of the load-balancing loss added to the loss */
+  } model;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

@@ -27,6 +27,10 @@ typedef struct llama_layer {
   tsr_var *gate_proj;                /* (I, C) */
   tsr_var *up_proj;                  /* (I, C) */
   tsr_var *down_proj;                /* (C, I) */
+  /* an MoE layer has these instead of gate_proj, up_proj and down_proj */
+  tsr_var *router; /* (E, C) block_sparse_moe.gate */
+  tsr_var *w13;    /* (E, 2I, C) each expert's w1 over its w3 */
+  tsr_var *w2;     /* (E, C, I) */
 } llama_layer;
 
 struct tsr_llama_t {
@@ -88,14 +92,37 @@ tsr_status tsr_llama_config_check(const tsr_llama_config *c) {
                      c->hidden_size / c->num_attention_heads);
   if (!(c->rms_norm_eps > 0) || !(c->rope_theta > 0))
     return TSR_ERROR(TSR_EINVAL, "[model] rms_norm_eps and rope_theta must be > 0");
+  if (c->num_local_experts < 0 || c->decoder_sparse_step < 0 || !(c->router_aux_loss_coef >= 0))
+    return TSR_ERROR(TSR_EINVAL,
+                     "[model] num_local_experts, decoder_sparse_step and router_aux_loss_coef "
+                     "must be >= 0");
+  if (c->num_local_experts > 0 &&
+      (c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_local_experts))
+    return TSR_ERROR(TSR_EINVAL,
+                     "[model] num_experts_per_tok = %d with num_local_experts = %d; each token "
+                     "goes to between 1 and num_local_experts experts",
+                     c->num_experts_per_tok, c->num_local_experts);
   return TSR_OK;
+}
+
+bool tsr_llama_layer_is_moe(const tsr_llama_config *c, int layer) {
+  int step = c->decoder_sparse_step > 1 ? c->decoder_sparse_step : 1;
+  return c->num_local_experts > 0 && (layer + 1) % step == 0;
+}
+
+static int moe_layers(const tsr_llama_config *c) {
+  int n = 0;
+  for (int l = 0; l < c->num_hidden_layers; l++) n += tsr_llama_layer_is_moe(c, l);
+  return n;
 }
 
 int64_t tsr_llama_num_params(const tsr_llama_config *c) {
   int64_t C = c->hidden_size, I = c->intermediate_size, V = c->vocab_size;
   int64_t D = C / c->num_attention_heads, kv = (int64_t)c->num_key_value_heads * D;
+  int64_t E = c->num_local_experts, nmoe = moe_layers(c);
   int64_t layer = 2 * C * C + 2 * kv * C + 3 * I * C + 2 * C;
-  return V * C + c->num_hidden_layers * layer + C + (c->tie_word_embeddings ? 0 : V * C);
+  int64_t moe = nmoe * (E * C + (E - 1) * 3 * I * C); /* a router, and E experts for one MLP */
+  return V * C + c->num_hidden_layers * layer + moe + C + (c->tie_word_embeddings ? 0 : V * C);
 }
 
 /* ---- parameter layout ---- */
@@ -107,7 +134,7 @@ typedef struct param_spec {
   int stage;         /* pipeline stage whose ranks hold it */
   const char *style; /* module style that places it */
   int ndim;
-  int64_t shape[2];
+  int64_t shape[3];
   param_init init;
   int index; /* parameter whose name and initial values it takes (a replica: its source's) */
 } param_spec;
@@ -138,7 +165,7 @@ static const tsr_module_style *find_style(const tsr_llama_t *m, const char *styl
 static void param_placements(const tsr_llama_t *m, const tsr_mesh_t *mesh, const char *style,
                              tsr_placement *p) {
   for (int i = 0; i < tsr_mesh_ndim(mesh); i++) {
-    const tsr_module_style *s = find_style(m, style, tsr_mesh_dim_name(mesh, i));
+    const tsr_module_style *s = style ? find_style(m, style, tsr_mesh_dim_name(mesh, i)) : NULL;
     p[i] = tsr_module_style_param(s, "weight");
   }
 }
@@ -171,6 +198,12 @@ static void fill_init(tsr_tensor *full, param_init init, uint64_t seed, uint64_t
   }
 }
 
+static int64_t local_count(const int64_t *shape, int ndim) {
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d];
+  return n;
+}
+
 static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, uint64_t seed) {
   tsr_placement(*pl)[TSR_MAX_MESH_DIMS] = malloc(sizeof *pl * (size_t)n);
   int64_t(*ls)[TSR_MAX_DIMS] = malloc(sizeof *ls * (size_t)n);
@@ -189,8 +222,8 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
     /* a rank of another stage holds nothing of this parameter */
     if (!tsr_dtensor_local_shape(mesh, pl[i], specs[i].ndim, specs[i].shape, tsr_rank_id(m->r),
                                  ls[i], NULL))
-      ls[i][0] = ls[i][1] = 0;
-    total += specs[i].ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
+      ls[i][0] = ls[i][1] = ls[i][2] = 0;
+    total += local_count(ls[i], specs[i].ndim);
   }
   /* One allocation for every parameter of this rank, as the locals of their DTensors. */
   TSR_CHECK_GOTO(tsr_tensor_new(tsr_rank_allocator(m->r), TSR_F32, 1, &total, &m->storage), st);
@@ -200,7 +233,7 @@ static tsr_status build_params(tsr_llama_t *m, const param_spec *specs, int n, u
     TSR_CHECK_GOTO(tsr_tensor_new(NULL, TSR_F32, s->ndim, s->shape, &full), st);
     fill_init(full, s->init, seed, (uint64_t)s->index);
     TSR_CHECK_GOTO(tsr_dtensor_distribute(m->r, smesh(m, s->stage), full, pl[i], &dist), st);
-    int64_t count = s->ndim == 1 ? ls[i][0] : ls[i][0] * ls[i][1];
+    int64_t count = local_count(ls[i], s->ndim);
     if (dist->local) {
       TSR_CHECK_GOTO(tsr_tensor_narrow(m->storage, 0, at, count, &piece), st);
       tsr_tensor *view = NULL;
@@ -283,8 +316,19 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   }
   m->chunks = layout && layout->stages_per_rank > 1 ? layout->stages_per_rank : 1;
   m->nstages = m->npp * m->chunks;
+  if (m->nstages > 1 && moe_layers(cfg) > 0 && cfg->router_aux_loss_coef > 0) {
+    /* the loss multiplies sums over every block's tokens, which would have to cross stages */
+    st = TSR_ERROR(TSR_EINVAL,
+                   "[model] router_aux_loss_coef = %g with %d pipeline stages: the "
+                   "load-balancing loss over blocks on several stages is not supported yet; "
+                   "set router_aux_loss_coef = 0 or run the MoE model in one stage",
+                   (double)cfg->router_aux_loss_coef, m->nstages);
+    tsr_llama_free(m);
+    return st;
+  }
   if (cfg->tie_word_embeddings && m->nstages > 1) nspecs = n + 1;
   int64_t C = cfg->hidden_size, I = cfg->intermediate_size, V = cfg->vocab_size;
+  int64_t E = cfg->num_local_experts;
   int64_t Q = (int64_t)cfg->num_attention_heads * m->head_dim;
   int64_t KV = (int64_t)cfg->num_key_value_heads * m->head_dim;
   m->layers = calloc((size_t)Lyr, sizeof *m->layers);
@@ -315,7 +359,9 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   int k = 0, last = m->nstages - 1, stage = 0;
   /* Specs in HF order; layer names get the layer index. */
 #define PARAM(slot_, style_, rows, cols, init_)                                                    \
-  (specs[k] = (param_spec){&(slot_), stage, style_, (cols) ? 2 : 1, {rows, cols}, init_, k}, k++)
+  (specs[k] = (param_spec){&(slot_), stage, style_, (cols) ? 2 : 1, {rows, cols, 0}, init_, k}, k++)
+#define PARAM3(slot_, style_, d0, d1, d2)                                                          \
+  (specs[k] = (param_spec){&(slot_), stage, style_, 3, {d0, d1, d2}, INIT_NORMAL, k}, k++)
   snprintf(m->names[k], NAME_LEN, "model.embed_tokens.weight");
   PARAM(m->embed_tokens, "embedding", V, C, INIT_NORMAL);
   static const char *const layer_names[9] = {
@@ -325,15 +371,29 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
   for (int l = 0; l < Lyr; l++) {
     llama_layer *y = &m->layers[l];
     stage = m->layer_stage[l];
+    bool moe = tsr_llama_layer_is_moe(cfg, l);
     for (int j = 0; j < 9; j++)
       snprintf(m->names[k + j], NAME_LEN, "model.layers.%d.%s.weight", l, layer_names[j]);
+    if (moe) {
+      /* the stacked experts are written per expert under Mixtral's names (tsr_llama_hf_tensor) */
+      snprintf(m->names[k + 4], NAME_LEN, "model.layers.%d.block_sparse_moe.gate.weight", l);
+      snprintf(m->names[k + 5], NAME_LEN, "model.layers.%d.block_sparse_moe.experts.w13", l);
+      snprintf(m->names[k + 6], NAME_LEN, "model.layers.%d.block_sparse_moe.experts.w2", l);
+    }
     PARAM(y->q_proj, TSR_STYLE_COLUMN_LINEAR, Q, C, INIT_NORMAL);
     PARAM(y->k_proj, TSR_STYLE_KV_LINEAR, KV, C, INIT_NORMAL);
     PARAM(y->v_proj, TSR_STYLE_KV_LINEAR, KV, C, INIT_NORMAL);
     PARAM(y->o_proj, TSR_STYLE_ROW_LINEAR, C, Q, INIT_NORMAL);
-    PARAM(y->gate_proj, TSR_STYLE_COLUMN_LINEAR, I, C, INIT_NORMAL);
-    PARAM(y->up_proj, TSR_STYLE_COLUMN_LINEAR, I, C, INIT_NORMAL);
-    PARAM(y->down_proj, TSR_STYLE_ROW_LINEAR, C, I, INIT_NORMAL);
+    if (moe) {
+      /* the router has no style: every rank routes its own tokens with the whole of it */
+      PARAM(y->router, NULL, E, C, INIT_NORMAL);
+      PARAM3(y->w13, TSR_STYLE_EXPERTS, E, 2 * I, C);
+      PARAM3(y->w2, TSR_STYLE_EXPERTS, E, C, I);
+    } else {
+      PARAM(y->gate_proj, TSR_STYLE_COLUMN_LINEAR, I, C, INIT_NORMAL);
+      PARAM(y->up_proj, TSR_STYLE_COLUMN_LINEAR, I, C, INIT_NORMAL);
+      PARAM(y->down_proj, TSR_STYLE_ROW_LINEAR, C, I, INIT_NORMAL);
+    }
     PARAM(y->input_layernorm, "rmsnorm", C, 0, INIT_ONES);
     PARAM(y->post_attention_layernorm, "rmsnorm", C, 0, INIT_ONES);
   }
@@ -352,6 +412,7 @@ tsr_status tsr_llama_new_staged(tsr_rank_t *r, const tsr_mesh_t *mesh, const tsr
     specs[k].stage = last;
   }
 #undef PARAM
+#undef PARAM3
   TSR_CHECK_GOTO(build_params(m, specs, nspecs, seed), st);
   free(specs);
   *out = m;
@@ -408,6 +469,50 @@ tsr_var *tsr_llama_param(tsr_llama_t *m, int i) {
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i) {
   return m->names[i];
 }
+/* Which stacked expert weight parameter i is: 1 for w13, 2 for w2, 0 for any other. */
+static int stacked_kind(const tsr_llama_t *m, int i) {
+  const tsr_var *v = m->params[i];
+  for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+    if (m->layers[l].w13 == v) return 1;
+    if (m->layers[l].w2 == v) return 2;
+  }
+  return 0;
+}
+
+int tsr_llama_hf_count(const tsr_llama_t *m, int i) {
+  int kind = stacked_kind(m, i), E = m->cfg.num_local_experts;
+  return kind == 1 ? 2 * E : kind == 2 ? E : 1;
+}
+
+void tsr_llama_hf_tensor(const tsr_llama_t *m, int i, int j, char *buf, size_t len, int64_t *offset,
+                         int *ndim, int64_t *shape) {
+  const tsr_dtensor *v = m->params[i]->value;
+  int kind = stacked_kind(m, i);
+  if (!kind) {
+    snprintf(buf, len, "%s", m->names[i]);
+    *offset = 0;
+    *ndim = v->ndim;
+    for (int d = 0; d < v->ndim; d++) shape[d] = v->shape[d];
+    return;
+  }
+  /* "model.layers.N.block_sparse_moe.experts.w13": the prefix up to "experts." is Mixtral's */
+  const char *name = m->names[i];
+  int prefix = (int)(strstr(name, "experts.") - name) + (int)strlen("experts.");
+  int64_t rows = v->shape[1], cols = v->shape[2], per = rows * cols;
+  *ndim = 2;
+  shape[1] = cols;
+  if (kind == 1) { /* expert j / 2: w1 is its first half of rows, w3 its second */
+    int e = j / 2;
+    snprintf(buf, len, "%.*s%d.%s.weight", prefix, name, e, j % 2 ? "w3" : "w1");
+    shape[0] = rows / 2;
+    *offset = e * per + (j % 2) * (rows / 2) * cols;
+  } else {
+    snprintf(buf, len, "%.*s%d.w2.weight", prefix, name, j);
+    shape[0] = rows;
+    *offset = j * per;
+  }
+}
+
 tsr_var *tsr_llama_tied_replica(tsr_llama_t *m) {
   return m->tied_head;
 }
@@ -578,25 +683,70 @@ static tsr_status mlp(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_v
   return styled(m, t, TSR_STYLE_MLP, true, d, out);
 }
 
+/* Mixtral's sparse MoE block: router logits from the whole gate on every rank's own tokens,
+ * top-k routing, then the experts, placed by the "experts" style (an expert-parallel plugin
+ * shards them and moves the tokens). The block's router stats are added to *stats, the sum the
+ * load-balancing loss is taken over. */
+static tsr_status moe(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *x,
+                      tsr_var **stats, tsr_var **out) {
+  tsr_var *logits, *combine, *s, *xi, *ci, *o;
+  TSR_CHECK(tsr_op_linear(t, x, y->router, &logits));
+  TSR_CHECK(tsr_op_moe_router(t, logits, m->cfg.num_experts_per_tok, &combine, &s));
+  TSR_CHECK(styled(m, t, TSR_STYLE_EXPERTS, false, x, &xi));
+  TSR_CHECK(styled(m, t, TSR_STYLE_EXPERTS, false, combine, &ci));
+  TSR_CHECK(tsr_op_moe_experts(t, xi, ci, y->w13, y->w2, &o));
+  if (*stats)
+    TSR_CHECK(tsr_op_add(t, *stats, s, stats));
+  else
+    *stats = s;
+  return styled(m, t, TSR_STYLE_EXPERTS, true, o, out);
+}
+
+static tsr_status decoder_layer(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *h,
+                                tsr_var **stats, tsr_var **out) {
+  tsr_var *n, *a, *f;
+  TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
+  TSR_CHECK(attention(m, t, y, n, &a));
+  TSR_CHECK(tsr_op_add(t, h, a, &h));
+  TSR_CHECK(rmsnorm(m, t, h, y->post_attention_layernorm, &n));
+  if (y->w13)
+    TSR_CHECK(moe(m, t, y, n, stats, &f));
+  else
+    TSR_CHECK(mlp(m, t, y, n, &f));
+  return tsr_op_add(t, h, f, out);
+}
+
+/* loss + router_aux_loss_coef * Hugging Face's load_balancing_loss_func over every MoE block:
+ * E * sum_e (fraction of routed tokens to e) * (mean router probability of e), both means over
+ * the tokens of all blocks, which is the blocks' summed stats over their count. Both terms are
+ * made whole (Replicate) first: the stats' pieces multiply, so they are summed before. */
+static tsr_status add_aux_loss(tsr_llama_t *m, tsr_tape_t *t, tsr_var *stats, tsr_var **loss) {
+  const tsr_llama_config *c = &m->cfg;
+  if (!stats || !(c->router_aux_loss_coef > 0)) return TSR_OK;
+  tsr_placement rep[TSR_MAX_MESH_DIMS];
+  for (int i = 0; i < TSR_MAX_MESH_DIMS; i++) rep[i] = tsr_replicate();
+  tsr_var *s, *aux, *ce;
+  double nl = moe_layers(c);
+  float scale = (float)(c->router_aux_loss_coef * c->num_local_experts / (nl * nl));
+  TSR_CHECK(tsr_op_redistribute(t, stats, stats->value->mesh, rep, &s));
+  TSR_CHECK(tsr_op_moe_aux_loss(t, s, scale, &aux));
+  TSR_CHECK(tsr_op_redistribute(t, *loss, (*loss)->value->mesh, rep, &ce));
+  return tsr_op_add(t, ce, aux, loss);
+}
+
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
                              tsr_var **logits, tsr_var **loss) {
   const tsr_llama_config *c = &m->cfg;
   *logits = NULL;
   if (loss) *loss = NULL;
-  tsr_var *x, *e, *h, *n, *a, *f;
+  tsr_var *x, *e, *h, *n, *stats = NULL;
   int last = m->nstages - 1;
   TSR_CHECK(place_input(m, t, ids, smesh(m, 0), &x));
   TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
   TSR_CHECK(styled(m, t, TSR_STYLE_EMBEDDING, true, e, &h));
   for (int l = 0; l < c->num_hidden_layers; l++) {
-    const llama_layer *y = &m->layers[l];
     TSR_CHECK(to_stage(m, t, h, m->layer_stage[l], &h));
-    TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
-    TSR_CHECK(attention(m, t, y, n, &a));
-    TSR_CHECK(tsr_op_add(t, h, a, &h));
-    TSR_CHECK(rmsnorm(m, t, h, y->post_attention_layernorm, &n));
-    TSR_CHECK(mlp(m, t, y, n, &f));
-    TSR_CHECK(tsr_op_add(t, h, f, &h));
+    TSR_CHECK(decoder_layer(m, t, &m->layers[l], h, &stats, &h));
   }
   TSR_CHECK(to_stage(m, t, h, last, &h));
   TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
@@ -608,7 +758,8 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
   TSR_CHECK(place_input(m, t, labels, smesh(m, last), &lab));
-  return tsr_op_cross_entropy(t, *logits, lab, loss);
+  TSR_CHECK(tsr_op_cross_entropy(t, *logits, lab, loss));
+  return add_aux_loss(m, t, stats, loss);
 }
 
 /* ---- one pipeline stage at a time ---- */
@@ -627,17 +778,6 @@ void tsr_llama_stage_io_placements(const tsr_llama_t *m, int stage, tsr_placemen
   data_placements(m, smesh(m, stage), true, p);
 }
 
-static tsr_status decoder_layer(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *h,
-                                tsr_var **out) {
-  tsr_var *n, *a, *f;
-  TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
-  TSR_CHECK(attention(m, t, y, n, &a));
-  TSR_CHECK(tsr_op_add(t, h, a, &h));
-  TSR_CHECK(rmsnorm(m, t, h, y->post_attention_layernorm, &n));
-  TSR_CHECK(mlp(m, t, y, n, &f));
-  return tsr_op_add(t, h, f, out);
-}
-
 tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr_var *ids,
                                    tsr_var *in, tsr_var *labels, tsr_var **out, tsr_var **logits,
                                    tsr_var **loss) {
@@ -647,7 +787,7 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
   if (loss) *loss = NULL;
   if (stage < 0 || stage > last)
     return TSR_ERROR(TSR_EINVAL, "pipeline stage %d out of range (%d stages)", stage, m->nstages);
-  tsr_var *h, *x, *e, *n;
+  tsr_var *h, *x, *e, *n, *stats = NULL;
   if (stage == 0) {
     TSR_CHECK(place_input(m, t, ids, smesh(m, 0), &x));
     TSR_CHECK(tsr_op_embedding(t, x, m->embed_tokens, &e));
@@ -656,7 +796,7 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
     h = in;
   }
   for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-    if (m->layer_stage[l] == stage) TSR_CHECK(decoder_layer(m, t, &m->layers[l], h, &h));
+    if (m->layer_stage[l] == stage) TSR_CHECK(decoder_layer(m, t, &m->layers[l], h, &stats, &h));
   if (stage < last) {
     /* the receiving stage builds its input with these placements */
     tsr_placement p[TSR_MAX_MESH_DIMS];
@@ -678,5 +818,6 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
   if (!labels || !loss) return TSR_OK;
   tsr_var *lab;
   TSR_CHECK(place_input(m, t, labels, smesh(m, last), &lab));
-  return tsr_op_cross_entropy(t, h, lab, loss);
+  TSR_CHECK(tsr_op_cross_entropy(t, h, lab, loss));
+  return add_aux_loss(m, t, stats, loss);
 }

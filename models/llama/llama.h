@@ -31,6 +31,13 @@ typedef struct tsr_llama_config {
   float rms_norm_eps;
   float rope_theta;
   bool tie_word_embeddings;
+  /* Sparse mixture of experts (Mixtral): layer l is an MoE layer when num_local_experts > 0 and
+   * (l + 1) % decoder_sparse_step == 0; its MLP becomes a router over num_local_experts SwiGLU
+   * experts of width intermediate_size, num_experts_per_tok of them per token. */
+  int num_local_experts;      /* 0: every layer has a dense MLP */
+  int num_experts_per_tok;    /* top-k */
+  int decoder_sparse_step;    /* 0 or 1: every layer */
+  float router_aux_loss_coef; /* load-balancing loss weight, added to the loss when > 0 */
 } tsr_llama_config;
 
 typedef struct tsr_llama_t tsr_llama_t;
@@ -99,6 +106,21 @@ int tsr_llama_layer_stage(const tsr_llama_t *m, int layer);
 /* Layers as evenly as possible over the stages, earlier stages taking the extra layer:
  * (4, 2) -> [0, 0, 1, 1], (3, 2) -> [0, 0, 1]. num_stages <= num_layers. */
 void tsr_llama_assign_layers(int num_layers, int num_stages, int *stage_of_layer);
+
+/* Whether layer `layer` is a mixture-of-experts layer under `cfg`. */
+bool tsr_llama_layer_is_moe(const tsr_llama_config *cfg, int layer);
+
+/* How parameters are written in Hugging Face files. A parameter is one tensor of its name, except
+ * an MoE layer's stacked experts: "model.layers.N.block_sparse_moe.experts.w13" (E, 2I, C) is
+ * written as experts.E.w1.weight and experts.E.w3.weight (I, C) of each expert, and
+ * "...experts.w2" (E, C, I) as experts.E.w2.weight (C, I), Mixtral's names. */
+/* The number of Hugging Face tensors parameter i is written as (1 for all but stacked experts). */
+int tsr_llama_hf_count(const tsr_llama_t *m, int i);
+/* Tensor j of parameter i: its name (into buf), its first element in the parameter's global
+ * row-major layout and its shape (2 dims at most; *ndim set). The tensors of a parameter are
+ * contiguous, disjoint and cover it. */
+void tsr_llama_hf_tensor(const tsr_llama_t *m, int i, int j, char *buf, size_t len, int64_t *offset,
+                         int *ndim, int64_t *shape);
 
 /* Parameter count of the full (unsharded) model, embeddings included. */
 int64_t tsr_llama_num_params(const tsr_llama_config *cfg);
