@@ -33,7 +33,11 @@ set(DP_E2E_CASES
   "uneven_hsdp2x2        uneven   dp_replicate:dp_shard    2:2     dp       0.01"
   "tied_fsdp2            tied     dp_shard                 2       dp       25"
   "gqa_fsdp2_tp2         gqa      dp_shard:tp              2:2     dp:tp    25"
-  "uneven_dp2_tp2        uneven   dp:tp                    2:2     dp:tp    25")
+  "uneven_dp2_tp2        uneven   dp:tp                    2:2     dp:tp    25"
+  "moe_dp2               moe      dp                       2       dp       25"
+  "moe_fsdp2_tp2         moe      dp_shard:tp              2:2     dp:tp    25"
+  "moe_sparse_tp2        moe_sparse dp:tp                  1:2     dp:tp    0"
+  "moe_tp2_sp            moe      dp:tp                    1:2     dp:tp:sp 0")
 foreach(row ${DP_E2E_CASES})
   string(REGEX REPLACE " +" ";" row "${row}")
   list(GET row 0 name)
