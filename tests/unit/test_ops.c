@@ -184,6 +184,24 @@ static tsr_status f_view(tsr_tape_t *t, tsr_var **in, tsr_var **out) {
 static tsr_status f_cross_entropy(tsr_tape_t *t, tsr_var **in, tsr_var **out) {
   return tsr_op_cross_entropy(t, in[0], in[1], out);
 }
+/* router and experts as the model runs them: the routing follows from differentiable logits
+ * (a combine weight that is 0 is "not routed", which has no derivative of its own) */
+static tsr_status f_moe(tsr_tape_t *t, tsr_var **in, tsr_var **out) {
+  tsr_var *logits, *combine, *stats;
+  TSR_CHECK(tsr_op_linear(t, in[0], in[1], &logits));
+  TSR_CHECK(tsr_op_moe_router(t, logits, 2, &combine, &stats));
+  return tsr_op_moe_experts(t, in[0], combine, in[2], in[3], out);
+}
+/* the load-balancing loss of two blocks' stats: only router probabilities carry gradient */
+static tsr_status f_moe_aux(tsr_tape_t *t, tsr_var **in, tsr_var **out) {
+  tsr_var *l0, *l1, *c0, *c1, *s0, *s1, *s;
+  TSR_CHECK(tsr_op_linear(t, in[0], in[1], &l0));
+  TSR_CHECK(tsr_op_linear(t, in[0], in[2], &l1));
+  TSR_CHECK(tsr_op_moe_router(t, l0, 2, &c0, &s0));
+  TSR_CHECK(tsr_op_moe_router(t, l1, 1, &c1, &s1));
+  TSR_CHECK(tsr_op_add(t, s0, s1, &s));
+  return tsr_op_moe_aux_loss(t, s, 0.7f, out);
+}
 static tsr_status f_redistribute(tsr_tape_t *t, tsr_var **in, tsr_var **out) {
   tsr_placement p[2] = {tsr_replicate(), tsr_replicate()};
   tsr_var *y;
@@ -253,6 +271,34 @@ static void test_cross_entropy(void **s) {
 }
 static void test_redistribute_op(void **s) {
   op_case c = {"redistribute", 1, {2}, {{3, 5}}, {TSR_F32}, {true}, f_redistribute, 0, 0, {0}};
+  check_case(&c);
+}
+
+static void test_moe_router_experts(void **s) {
+  /* x (B, L, C), gate (E, C), w13 (E, 2F, C), w2 (E, C, F): E 4, top-2, C 5, F 3 */
+  op_case c = {"moe",
+               4,
+               {3, 2, 3, 3},
+               {{2, 3, 5}, {4, 5}, {4, 6, 5}, {4, 5, 3}},
+               {TSR_F32, TSR_F32, TSR_F32, TSR_F32},
+               {true, true, true, true},
+               f_moe,
+               0,
+               0,
+               {0}};
+  check_case(&c);
+}
+static void test_moe_aux_loss(void **s) {
+  op_case c = {"moe_aux_loss",
+               3,
+               {3, 2, 2},
+               {{2, 4, 5}, {4, 5}, {4, 5}},
+               {TSR_F32, TSR_F32, TSR_F32},
+               {true, true, true},
+               f_moe_aux,
+               0,
+               0,
+               {0}};
   check_case(&c);
 }
 
@@ -363,6 +409,23 @@ static void test_llama_gradients_tied(void **s) {
   check_model(&mc);
 }
 
+static void test_llama_gradients_moe(void **s) {
+  /* layer 1 of 2 is MoE (decoder_sparse_step 2) plus the load-balancing loss */
+  model_case mc = {.cfg = {.vocab_size = 13,
+                           .hidden_size = 16,
+                           .intermediate_size = 12,
+                           .num_hidden_layers = 2,
+                           .num_attention_heads = 4,
+                           .num_key_value_heads = 2,
+                           .rms_norm_eps = 1e-5f,
+                           .rope_theta = 10000.0f,
+                           .num_local_experts = 4,
+                           .num_experts_per_tok = 2,
+                           .decoder_sparse_step = 2,
+                           .router_aux_loss_coef = 0.5f}};
+  check_model(&mc);
+}
+
 static void test_llama_names_and_count(void **s) {
   tsr_llama_config cfg = {.vocab_size = 10,
                           .hidden_size = 8,
@@ -446,6 +509,9 @@ int main(void) {
       cmocka_unit_test(test_view),
       cmocka_unit_test(test_cross_entropy),
       cmocka_unit_test(test_redistribute_op),
+      cmocka_unit_test(test_moe_router_experts),
+      cmocka_unit_test(test_moe_aux_loss),
+      cmocka_unit_test(test_llama_gradients_moe),
       cmocka_unit_test(test_llama_gradients_gqa),
       cmocka_unit_test(test_llama_gradients_tied),
       cmocka_unit_test(test_llama_names_and_count),
