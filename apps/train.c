@@ -431,6 +431,23 @@ tsr_status tsr_train_check_config(const tsr_config *c) {
                             "dumps support at most 64 microbatches, got %lld",
                             (long long)c->optimizer.grad_accum_steps);
   tsr_llama_config mc = tsr_train_model_config(c);
+  if (mc.num_local_experts > 0) {
+    if (mc.num_experts_per_tok > mc.num_local_experts)
+      return tsr_config_error(c, TSR_EINVAL, "model", "num_experts_per_tok",
+                              "%d is more than num_local_experts = %d; each token goes to at "
+                              "most every expert",
+                              mc.num_experts_per_tok, mc.num_local_experts);
+    if (c->job.dtype != TSR_F32)
+      return tsr_config_error(c, TSR_EINVAL, "job", "dtype",
+                              "bf16 with num_local_experts = %d: the experts run in f32 only so "
+                              "far; set dtype = f32 or num_local_experts = 0",
+                              mc.num_local_experts);
+    if (c->job.device != TSR_DEVICE_CPU)
+      return tsr_config_error(c, TSR_EINVAL, "job", "device",
+                              "%s with num_local_experts = %d: the mixture-of-experts kernels run "
+                              "on the CPU only so far; set device = cpu",
+                              tsr_device_name(c->job.device), mc.num_local_experts);
+  }
   tsr_status st = tsr_llama_config_check(&mc);
   if (st != TSR_OK) return tsr_error_prefix(st, "%s: [model]", c->path);
   return TSR_OK;

@@ -40,6 +40,11 @@ static const char *json_num(double v, const char *fmt, char *buf, size_t len) {
 double tsr_train_flops_per_token(const tsr_llama_config *m, int64_t seq_len) {
   double n = (double)tsr_llama_num_params(m);
   if (!m->tie_word_embeddings) n -= (double)m->vocab_size * m->hidden_size;
+  /* an MoE layer computes with its router and the top-k experts of each token, not all */
+  for (int l = 0; l < m->num_hidden_layers; l++)
+    if (tsr_llama_layer_is_moe(m, l))
+      n -= 3.0 * (m->num_local_experts - m->num_experts_per_tok) * m->intermediate_size *
+           m->hidden_size;
   return 6.0 * n + 6.0 * m->num_hidden_layers * m->hidden_size * (double)seq_len;
 }
 
@@ -60,6 +65,16 @@ void tsr_train_log_header(tsr_train_log *l, const tsr_app_job *job, int threads)
                                                    : c->model.num_attention_heads),
           c->model.tie_word_embeddings ? "tied embeddings" : "untied",
           (long long)c->data.batch_size, (long long)c->data.seq_len);
+  const tsr_config_ext *x = tsr_config_ext_of(c);
+  if (x->model.num_local_experts > 0) {
+    fprintf(l->out, "; MoE %lld experts, top-%lld, ", (long long)x->model.num_local_experts,
+            (long long)x->model.num_experts_per_tok);
+    if (x->model.decoder_sparse_step > 1)
+      fprintf(l->out, "every layer l with (l + 1) %% %lld == 0",
+              (long long)x->model.decoder_sparse_step);
+    else
+      fprintf(l->out, "every layer");
+  }
   if (c->optimizer.grad_accum_steps > 1)
     fprintf(l->out, " in %lld microbatches", (long long)c->optimizer.grad_accum_steps);
   fprintf(l->out, "; data %s\n", c->data.source);
