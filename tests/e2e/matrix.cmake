@@ -5,6 +5,12 @@ add_test(NAME e2e_mesh_matrix
           ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/mesh_matrix)
 set_tests_properties(e2e_mesh_matrix PROPERTIES LABELS e2e TIMEOUT 900
   PASS_REGULAR_EXPRESSION "mesh matrix on cpu in f32: [0-9]+ passed, [0-9]+ skipped, 0 failed")
+# The same meshes with layers 1 and 3 Mixtral MoE layers (experts replicated, or sharded over ep).
+add_test(NAME e2e_mesh_matrix_moe
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/mesh_matrix.sh ${TESSERA_BIN}
+          ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/mesh_matrix_moe)
+set_tests_properties(e2e_mesh_matrix_moe PROPERTIES LABELS e2e TIMEOUT 900 ENVIRONMENT MOE=1
+  PASS_REGULAR_EXPRESSION "mesh matrix on cpu in f32 with MoE: [0-9]+ passed, [0-9]+ skipped, 0 failed")
 # The same meshes as virtual ranks on one device: the emulated one, whose memory the host cannot
 # touch, so a rule that reads device memory from the host crashes here instead of on a GPU.
 add_test(NAME e2e_mesh_matrix_emu

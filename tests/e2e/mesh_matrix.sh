@@ -16,17 +16,24 @@
 # this matrix: at most 7.6e-4 and 3.1e-3; the f32 run against the bf16 one: 5.7e-3 and 9.3e-3,
 # and the matrix checks that the f32 run fails, so the comparison tells the modes apart.
 #
+# MOE=1 makes layers 1 and 3 of the model Mixtral MoE layers (4 experts, top-2) and adds the
+# meshes with the expert-parallel dim ep. The load-balancing loss is off (router_aux_loss_coef =
+# 0): the pipeline meshes refuse it (docs/moe.md); the e2e_*moe* tests check it on the others.
+#
 # A mesh the model cannot be split over is skipped with the reason printed, but only when
 # `tessera run` refuses it at plan time (exit 2) with one of the messages in SPLIT_REFUSALS;
 # any other failure fails the matrix.
 set -u
 bin=$1 job=$2 dir=$3
-dev=${DEVICE:-cpu} rtol=${RTOL:-1e-4} atol=${ATOL:-1e-4} dtype=${DTYPE:-f32}
+dev=${DEVICE:-cpu} rtol=${RTOL:-1e-4} atol=${ATOL:-1e-4} dtype=${DTYPE:-f32} moe=${MOE:-0}
+extra= # options every run gets (no spaces inside one)
+[ "$moe" = 1 ] && extra="--set model.num_local_experts=4 --set model.num_experts_per_tok=2
+  --set model.decoder_sparse_step=2 --set model.router_aux_loss_coef=0"
 mkdir -p "$dir"
 SPLIT_REFUSALS='cannot be split|does not divide|not divisible|at least one|leaves rank'
 dims5=pp,dp,ring_cp,ulysses_cp,tp
 
-"$bin" run "$job" --no-peak --set "job.dtype=$dtype" --dump "$dir/one.safetensors" \
+"$bin" run "$job" --no-peak --set "job.dtype=$dtype" $extra --dump "$dir/one.safetensors" \
   >"$dir/one.log" 2>&1 || { cat "$dir/one.log"; echo "the 1-rank run failed"; exit 1; }
 
 # compare_one A: A against the 1-rank run, as the dtype asks; the report goes to stdout.
@@ -53,7 +60,7 @@ check() { # check DIMS SHAPE [PLUGINS]
   name=$(echo "$1=$2${3:+=$3}" | tr ',' '_')
   out="$dir/$name"
   "$bin" run "$job" --no-peak --set "job.device=$dev" --set "job.dtype=$dtype" \
-    --set "mesh.dims=$1" --set "mesh.shape=$2" ${3:+--set "plugins.load=$3"} \
+    --set "mesh.dims=$1" --set "mesh.shape=$2" ${3:+--set "plugins.load=$3"} $extra \
     --dump "$out.safetensors" >"$out.log" 2>&1
   rc=$?
   if [ $rc -eq 2 ] && grep -Eq "$SPLIT_REFUSALS" "$out.log"; then
@@ -99,5 +106,5 @@ check $dims5 1,2,1,1,2 $with_sp
 check $dims5 2,1,2,1,2 $with_sp
 check $dims5 1,1,1,2,2 $with_sp
 
-echo "mesh matrix on $dev in $dtype: $pass passed, $skip skipped, $fail failed"
+echo "mesh matrix on $dev in $dtype${extra:+ with MoE}: $pass passed, $skip skipped, $fail failed"
 [ $fail -eq 0 ] && [ $pass -ge 30 ]
