@@ -13,8 +13,10 @@
 
 #include "config_internal.h"
 
-#define MAX_ERRORS 20
-#define ERRBUF     8192
+#define MAX_ERRORS   20
+#define LONG_LINES   64   /* lines longer than inih's buffer, per job file */
+#define LINE_MAX_LEN 4096 /* the longest line read at all (a value holds at most TSR_MAX_VALUE) */
+#define ERRBUF       8192
 
 /* Parser state, handed to inih as both the reader's stream and the handler's user pointer. */
 typedef struct parse_state {
@@ -26,6 +28,10 @@ typedef struct parse_state {
   int continued_line; /* line that starts with blanks and holds a value: a continuation */
   bool stop;          /* a line was too long: stop, because inih would split it */
   bool section_ok;    /* the current section is known; keys of an unknown one are not reported */
+  /* Values of lines too long for inih's line buffer (200 bytes in the system library): the
+   * reader hands inih "key = \x01N" and on_value reads value N from here. */
+  char *long_values[LONG_LINES];
+  int nlong;
   int nerrors;
   char errors[ERRBUF];
   size_t errlen;
@@ -178,9 +184,56 @@ static void inspect_line(parse_state *ps, const char *s) {
 }
 
 /* fgets-like reader that counts lines, so that every message has one. */
+/* A line longer than inih's buffer, in `line` (n bytes): when it is "key = value" (or ':'), the
+ * value is kept in ps and inih gets "key = \x01N" in str instead; anything else is refused. */
+static char *shorten_line(parse_state *ps, char *str, int num, const char *line, int n) {
+  const char *p = line, *end = line + n;
+  while (p < end && (*p == ' ' || *p == '\t')) p++;
+  const char *sep = p;
+  while (sep < end && *sep != '=' && *sep != ':' && *sep != '\n') sep++;
+  int keylen = (int)(sep - line);
+  if (p == end || *p == ';' || *p == '#' || *p == '\n' || *p == '\r') { /* a comment or blanks */
+    snprintf(str, (size_t)num, "\n");
+    return str;
+  }
+  if (sep == end || *sep == '\n' || *p == '[' || *p == ';' || *p == '#' || keylen + 16 >= num ||
+      ps->nlong >= LONG_LINES) {
+    add_error(ps, ps->line,
+              "line is longer than %d characters and is not a 'key = value' line; "
+              "shorten it",
+              num - 3);
+    ps->stop = true;
+    return NULL;
+  }
+  const char *v = sep + 1;
+  size_t vlen = (size_t)(end - v);
+  char *copy = malloc(vlen + 1);
+  if (!copy) {
+    add_error(ps, ps->line, "out of memory reading a long line");
+    ps->stop = true;
+    return NULL;
+  }
+  memcpy(copy, v, vlen);
+  copy[vlen] = '\0';
+  /* as inih reads a value: up to an inline comment (';' after a blank), without outer blanks */
+  for (char *c = copy; *c; c++)
+    if (*c == ';' && c > copy && isspace((unsigned char)c[-1])) {
+      *c = '\0';
+      break;
+    }
+  size_t a = strspn(copy, " \t"), b = strlen(copy);
+  while (b > a && isspace((unsigned char)copy[b - 1])) b--;
+  memmove(copy, copy + a, b - a);
+  copy[b - a] = '\0';
+  ps->long_values[ps->nlong] = copy;
+  snprintf(str, (size_t)num, "%.*s= \x01%d\n", keylen, line, ps->nlong++);
+  return str;
+}
+
 static char *read_line(char *str, int num, void *stream) {
   parse_state *ps = stream;
   if (ps->stop) return NULL;
+  static _Thread_local char line[LINE_MAX_LEN];
   int n = 0;
   bool eof = true;
   for (;;) {
@@ -199,18 +252,24 @@ static char *read_line(char *str, int num, void *stream) {
       ps->stop = true;
       return NULL;
     }
-    if (n >= num - 3) {
+    if (n >= LINE_MAX_LEN - 1) {
       ps->line++;
-      add_error(ps, ps->line, "line is longer than %d characters; shorten it", num - 3);
+      add_error(ps, ps->line, "line is longer than %d characters; shorten it", LINE_MAX_LEN - 2);
       ps->stop = true;
       return NULL;
     }
-    str[n++] = (char)c;
+    line[n++] = (char)c;
     if (c == '\n') break;
   }
   if (eof) return NULL;
-  str[n] = '\0';
+  line[n] = '\0';
   ps->line++;
+  if (n >= num - 3) {
+    if (!shorten_line(ps, str, num, line, n)) return NULL;
+    n = (int)strlen(str);
+  } else {
+    memcpy(str, line, (size_t)n + 1);
+  }
   /* A UTF-8 byte order mark (editors on Windows write one) is accepted and dropped here, before
    * both this file's look at the line and inih's, so the first section is read like any other. */
   if (ps->line == 1 && (unsigned char)str[0] == 0xef && (unsigned char)str[1] == 0xbb &&
@@ -240,6 +299,10 @@ static void unknown_key(parse_state *ps, const char *section, const char *key) {
 static int on_value(void *user, const char *section, const char *name, const char *value) {
   parse_state *ps = user;
   tsr_config *cfg = ps->cfg;
+  if (value[0] == '\x01') { /* a long line's value (shorten_line) */
+    int k = atoi(value + 1);
+    if (k >= 0 && k < ps->nlong) value = ps->long_values[k];
+  }
   if (ps->continued_line == ps->line) {
     add_error(ps, ps->line,
               "[%s] %s: indented line is read as a continuation of '%s'; multi-line values are "
@@ -435,6 +498,11 @@ static tsr_status parse(parse_state *ps, const char *name) {
   return TSR_OK;
 }
 
+static void state_free(parse_state *ps) {
+  for (int i = 0; i < ps->nlong; i++) free(ps->long_values[i]);
+  free(ps);
+}
+
 tsr_status tsr_config_load(const char *path, tsr_config **out) {
   *out = NULL;
   /* O_NONBLOCK: a FIFO opens at once and is refused by its type instead of waiting for a
@@ -466,7 +534,7 @@ tsr_status tsr_config_load(const char *path, tsr_config **out) {
   }
   if (st == TSR_OK) *out = ps->cfg;
   fclose(f);
-  free(ps);
+  state_free(ps);
   return st;
 }
 
@@ -477,7 +545,7 @@ tsr_status tsr_config_parse_string(const char *text, const char *name, tsr_confi
   ps->text = text;
   tsr_status st = parse(ps, name ? name : "<string>");
   if (st == TSR_OK) *out = ps->cfg;
-  free(ps);
+  state_free(ps);
   return st;
 }
 

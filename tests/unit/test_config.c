@@ -179,7 +179,34 @@ static void test_syntax(void **state) {
   memcpy(longline, "[job]\nsteps = ", 14);
   longline[sizeof longline - 2] = '\n';
   longline[sizeof longline - 1] = '\0';
-  expect_error(longline, "job.ini:2: line is longer than", NULL);
+  /* longer than the system inih's 200-byte line buffer: read whole, and the value checked */
+  expect_error(longline, "job.ini:2: [job] steps: value is longer than 255 characters", NULL);
+  static char huge[5000];
+  memset(huge, 'x', sizeof huge);
+  memcpy(huge, "[job]\nsteps = ", 14);
+  huge[sizeof huge - 2] = '\n';
+  huge[sizeof huge - 1] = '\0';
+  expect_error(huge, "job.ini:2: line is longer than 4094 characters", NULL);
+}
+
+/* A value of up to 255 characters is accepted however long its line, inline comment and blanks
+ * dropped as on a short line; so is a long comment. */
+static void test_long_lines(void **state) {
+  (void)state;
+  char text[1024], value[256];
+  memset(value, 'm', 250);
+  memcpy(value, "/tmp/", 5);
+  value[250] = '\0';
+  char comment[400];
+  memset(comment, 'c', sizeof comment - 1);
+  comment[sizeof comment - 1] = '\0';
+  snprintf(text, sizeof text, "[job]\n; %s\nsteps = 3\n[output]\nmetrics =   %s   ; why\n", comment,
+           value);
+  tsr_config *cfg = NULL;
+  if (tsr_config_parse_string(text, "job.ini", &cfg) != TSR_OK) fail_msg("%s", tsr_last_error());
+  assert_int_equal(cfg->job.steps, 3);
+  assert_string_equal(tsr_config_ext_of(cfg)->output.metrics, value);
+  tsr_config_free(cfg);
 }
 
 static void test_many_errors_each_reported(void **state) {
@@ -446,6 +473,7 @@ int main(void) {
       cmocka_unit_test(test_plugin_lists),
       cmocka_unit_test(test_model_checks),
       cmocka_unit_test(test_syntax),
+      cmocka_unit_test(test_long_lines),
       cmocka_unit_test(test_many_errors_each_reported),
       cmocka_unit_test(test_load_file),
       cmocka_unit_test(test_plugin_section),
