@@ -106,5 +106,17 @@ check $dims5 1,2,1,1,2 $with_sp
 check $dims5 2,1,2,1,2 $with_sp
 check $dims5 1,1,1,2,2 $with_sp
 
+# expert parallelism: ep alone, and beside each of the other dims
+if [ "$moe" = 1 ]; then
+  with_ep=dp,tp,pp,cp_ring,cp_ulysses,ep
+  dims6=pp,dp,ring_cp,ulysses_cp,tp,ep
+  for shape in 1,1,1,1,1,2 1,1,1,1,1,4 1,2,1,1,1,2 1,1,1,1,2,2 2,1,1,1,1,2 1,1,2,1,1,2 \
+    1,1,1,2,1,2 2,2,1,1,1,2 1,2,1,1,2,2 2,1,2,1,2,2; do
+    check $dims6 $shape $with_ep
+  done
+  check pp,dp_shard,ring_cp,ulysses_cp,tp,ep 1,2,1,1,1,2 $with_ep
+  check $dims6 1,1,1,1,2,2 dp,tp,sp,pp,cp_ring,cp_ulysses,ep
+fi
+
 echo "mesh matrix on $dev in $dtype${extra:+ with MoE}: $pass passed, $skip skipped, $fail failed"
 [ $fail -eq 0 ] && [ $pass -ge 30 ]
