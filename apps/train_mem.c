@@ -36,6 +36,32 @@ static void shape_str(int ndim, const int64_t *shape, char *buf, size_t len) {
   if (n < len) snprintf(buf + n, len - n, ")");
 }
 
+/* Which experts each rank holds, from the placement of the first MoE layer's stacked experts
+ * (every MoE layer is placed alike): one line per distinct range. */
+static void experts_table(FILE *f, tsr_llama_t *model) {
+  for (int i = 0; i < tsr_llama_param_count(model); i++) {
+    const tsr_dtensor *d = tsr_llama_param(model, i)->value;
+    const char *name = tsr_llama_param_name(model, i);
+    const char *tail = strstr(name, ".experts.w13");
+    if (!tail || tail[strlen(".experts.w13")]) continue;
+    int64_t E = d->shape[0];
+    fprintf(f, "experts (%lld per MoE layer, placed as %.*s):\n", (long long)E, (int)(tail - name),
+            name);
+    int world = tsr_mesh_nranks(d->mesh), shown = 0;
+    for (int r = 0; r < world && shown < 16; r++) {
+      int64_t ls[TSR_MAX_DIMS], off[TSR_MAX_DIMS];
+      int rank = tsr_mesh_ranks(d->mesh)[r];
+      if (!tsr_dtensor_local_shape(d->mesh, d->placements, d->ndim, d->shape, rank, ls, off))
+        continue;
+      fprintf(f, "  rank %3d: experts %lld..%lld\n", rank, (long long)off[0],
+              (long long)(off[0] + ls[0] - 1));
+      shown++;
+    }
+    if (world > shown) fprintf(f, "  (%d more ranks)\n", world - shown);
+    return;
+  }
+}
+
 /* Rank 0's parameters: global shape, local shape and placement per mesh dim. Layers after the
  * first one this rank holds are placed alike, so they are counted, not listed. */
 static char *params_table(tsr_llama_t *model) {
@@ -78,6 +104,7 @@ static char *params_table(tsr_llama_t *model) {
     fprintf(f, "  (layers %d..%d on this rank are placed as layer %d)\n", first_layer + 1,
             last_layer, first_layer);
   if (elsewhere) fprintf(f, "  (%d parameters live on other pipeline stages)\n", elsewhere);
+  experts_table(f, model);
   fclose(f);
   return text;
 }
