@@ -104,7 +104,8 @@ tsr_status tsr_registry_add_op_rule(tsr_registry_t *reg, const tsr_op_rule *rule
     return TSR_ERROR(TSR_EINVAL,
                      "op rule '%s' gathers inputs (use_mask 0x%x) of %s (%s) that are not "
                      "parameters; use_mask may only mark the weight of embedding, rmsnorm or "
-                     "linear (bit 1): activations are redistributed by module styles",
+                     "linear (bit 1) or the expert weights of moe_experts (bits 2, 3): "
+                     "activations are redistributed by module styles",
                      rule->name, rule->use_mask, op->name, op->inputs);
   /* the op's arity bounds ninputs and its parameters bound use_mask; the outputs are the rule's */
   if (rule->noutputs < 1 || rule->noutputs > TSR_MAX_OP_OUTPUTS)

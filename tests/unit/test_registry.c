@@ -108,12 +108,12 @@ static void test_vocabulary_refusals(void **state) {
   act.use_mask = 1u << 1;
   assert_int_equal(tsr_registry_add_op_rule(reg, &act), TSR_OK);
   /* a module the model does not have */
-  tsr_module_style moe = {.style = "experts", .mesh_dim = "tp", .owner = "x"};
-  assert_int_equal(tsr_registry_add_module_style(reg, &moe), TSR_EINVAL);
+  tsr_module_style shared = {.style = "shared_experts", .mesh_dim = "tp", .owner = "x"};
+  assert_int_equal(tsr_registry_add_module_style(reg, &shared), TSR_EINVAL);
   assert_non_null(
-      strstr(tsr_last_error(), "module style 'experts' on dim tp (by x) is not a module"));
+      strstr(tsr_last_error(), "module style 'shared_experts' on dim tp (by x) is not a module"));
   assert_non_null(strstr(tsr_last_error(), "embedding, column_linear, kv_linear, row_linear, "
-                                           "rmsnorm, attention, mlp"));
+                                           "rmsnorm, attention, mlp, experts"));
   /* a parameter the module does not have */
   tsr_module_style bias = {.style = TSR_STYLE_ROW_LINEAR,
                            .mesh_dim = "tp",
@@ -140,10 +140,10 @@ static void test_vocabulary_refusals(void **state) {
   /* the published lists end in NULL and hold what the model calls */
   int n = 0;
   while (tsr_op_names()[n]) n++;
-  assert_int_equal(n, 8);
+  assert_int_equal(n, 11); /* 8, and the three MoE ops of 1.2 */
   n = 0;
   while (tsr_module_style_names()[n]) n++;
-  assert_int_equal(n, 7);
+  assert_int_equal(n, 8); /* 7, and the experts style of 1.2 */
   tsr_registry_free(reg);
 }
 
