@@ -11,6 +11,7 @@
  *   conform_rules.c      L2: op rules, module styles and redistribute transitions against dense
  *                        references
  *   conform_ref64.c      the float64 references of the ops that L2 holds f32 results against
+ *   conform_moe.c        the mixture-of-experts ops' inputs and float64 references for L2
  *   conform_leaks.c      heap and rank-allocator growth: L1.leaks, and the leak checks of L2
  *   conform_schedules.c  L2: pipeline schedules, simulated stage against stage
  *   conform_model.c      L3: the Llama model against the 1-rank run
@@ -25,7 +26,7 @@
 #include "app.h"
 #include "tessera/plugin.h"
 
-#define CF_SUITE_VERSION "1.1.0"
+#define CF_SUITE_VERSION "1.2.0"
 #define CF_MAX_TESTS     1024
 #define CF_MAX_LIST      16  /* dims, required plugins */
 #define CF_MAX_KEYS      32  /* declared [strategy.NAME] keys */
@@ -128,8 +129,11 @@ cf_result cf_say(char *msg, size_t len, cf_result r, const char *fmt, ...)
 /* The text of a job file: mesh `dims` x `shape` (ndim entries; 0 gives a 1-rank "dp" mesh), the
  * plugins in `load` (comma-separated, may be ""), the model and data of `model` (0: the L2
  * registration model, 1: its grouped-query variant, 2: the L3 model, 3: it with tied embeddings,
- * 4: it with a single kv head) and `extra` lines appended
+ * 4: it with a single kv head, 5: it with sparse MoE layers of 4 experts, top 2, CF_MODEL_MOE;
+ * 6: those without the load-balancing loss, CF_MODEL_MOE_NOAUX) and `extra` lines appended
  * verbatim (strategy sections). mode is "train" or "forward". */
+#define CF_MODEL_MOE       5
+#define CF_MODEL_MOE_NOAUX 6
 void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const int *shape,
                  const char *load, int model, const char *mode, const char *extra);
 /* The plugin, preceded by the plugins it requires, as a [plugins] load value. */
@@ -169,6 +173,11 @@ tsr_status cf_measure(cf_rep_fn fn, void *arg, int warm, int reps, int64_t *heap
                       int64_t *rank_leftover);
 /* Below this many heap bytes per repetition growth is noise (docs/conformance.md). */
 #define CF_LEAK_BYTES_PER_REP 1024
+/* The leak check of an L2 test: on a mesh of n = 2, the first time in the test's process, runs
+ * fn(arg) on n local ranks (cf_measure) and returns false, with the reason in msg, when the heap
+ * grows or the ranks' allocators keep bytes. `what` names the registration. True otherwise. */
+bool cf_no_leak(tsr_rank_fn fn, void *arg, int n, double timeout_s, const char *what, char *msg,
+                size_t len);
 /* L1.leaks (conform_leaks.c). */
 cf_result cf_leaks_test(const cf_plugin *p, const cf_test *t, char *msg, size_t len);
 
@@ -203,19 +212,32 @@ cf_result cf_over_variants(const cf_plugin *p, const cf_test *t, int n, cf_varia
 
 /* ---- Float64 references (conform_ref64.c) ---- */
 
-/* An op's output and the gradients of its inputs, in double, for one output gradient. */
+/* What an op takes beyond its inputs, as the L2 tests run it. */
+typedef struct cf_op_attrs {
+  bool causal;     /* sdpa's mask */
+  int top_k;       /* moe_router: experts per token */
+  float aux_scale; /* moe_aux_loss: out = aux_scale * sum_e stats[0, e] * stats[1, e] */
+} cf_op_attrs;
+
+/* An op's output and the gradients of its inputs, in double, for one output gradient (and one
+ * for the second output of an op that has two: moe_router's stats). */
 typedef struct cf_ref64 {
   double *out;
   int64_t nout;
+  double *out2; /* the second output, NULL for an op with one */
+  int64_t nout2;
   double *grads[TSR_MAX_OP_INPUTS]; /* NULL for an input without gradient (ids, labels) */
   int64_t ngrad[TSR_MAX_OP_INPUTS];
   bool has_grad[TSR_MAX_OP_INPUTS];
+  /* NULL where the whole gradient is defined; else 0 at the elements the op leaves undefined,
+   * which are not compared (moe_experts' combine gradient where the combine weight is 0) */
+  unsigned char *defined[TSR_MAX_OP_INPUTS];
 } cf_ref64;
 
 /* Runs op (a name of the vocabulary) forward on the full inputs `in` and backward for the output
- * gradient `gout`, in double. `causal` is sdpa's mask. */
-tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, bool causal,
-                        const tsr_tensor *gout, cf_ref64 *r);
+ * gradient `gout` (and `gout2` for a second output; NULL: none reaches it), in double. */
+tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, const cf_op_attrs *attrs,
+                        const tsr_tensor *gout, const tsr_tensor *gout2, cf_ref64 *r);
 void cf_ref64_free(cf_ref64 *r);
 
 /* How far an f32 tensor is from its float64 reference. */
@@ -224,8 +246,35 @@ typedef struct cf_error {
   double rel_max; /* max |got - ref| / max |ref| */
   int64_t worst;  /* the element of the largest |got - ref| */
   double got, want;
+  int64_t skipped; /* elements not compared: undefined in the reference */
 } cf_error;
-void cf_ref64_error(const tsr_tensor *got, const double *ref, int64_t n, cf_error *e);
+/* Over the elements where `defined` (NULL: all) is nonzero. */
+void cf_ref64_error(const tsr_tensor *got, const double *ref, const unsigned char *defined,
+                    int64_t n, cf_error *e);
+
+/* Deterministic values in [-1, 1) from `seed`, the same on every rank (conform_rules.c). */
+tsr_status cf_rand_tensor(int ndim, const int64_t *shape, uint32_t seed, tsr_tensor **out);
+
+/* ---- Mixture of experts (conform_moe.c) ---- */
+
+/* The sizes of an L2 case of a moe op: tokens (B, L), hidden C, experts E, intermediate I,
+ * experts per token, and how many of the last experts no token selects. */
+typedef struct cf_moe_shape {
+  int64_t B, L, C, E, I;
+  int top_k;
+  int64_t starved;
+} cf_moe_shape;
+/* True for moe_router, moe_experts and moe_aux_loss. */
+bool cf_moe_op(const char *op);
+/* The aux loss's scale for E experts. */
+float cf_moe_aux_scale(int64_t E);
+/* The op's inputs as full f32 tensors (*nin set): the router's logits; the experts' x, combine
+ * (routed on the host from such logits), w13 and w2; the aux loss's stats of such a routing. */
+tsr_status cf_moe_inputs(const char *op, const cf_moe_shape *s, tsr_tensor **in, int *nin);
+/* The float64 reference of a moe op, into r (whose out and grads cf_ref64_run made, zeroed): x
+ * the inputs as doubles, g and g2 the output gradients (g2 may be NULL). */
+tsr_status cf_moe_ref64(const char *op, tsr_tensor *const *in, const double *const *x,
+                        const cf_op_attrs *attrs, const double *g, const double *g2, cf_ref64 *r);
 
 /* ---- Discovery (conform_discover.c) ---- */
 

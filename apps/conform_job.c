@@ -19,15 +19,20 @@ const char *const cf_known_plugins[CF_NKNOWN] = {
 typedef struct cf_model {
   int vocab, hidden, inter, layers, heads, kv, batch, seq;
   bool tied;
+  int experts, top_k; /* sparse MoE layers: experts per layer and per token; 0: dense */
+  double aux;         /* their router_aux_loss_coef */
 } cf_model;
 
 /* 0, 1: the L2 registration jobs (12 heads split over 1-4 ranks; kv heads split, or a single kv
  * head replicated); 2: the L3 model, small enough to run a step in milliseconds; 3, 4: the L3
- * model with tied embeddings, and with a single kv head (L3.reach). */
+ * model with tied embeddings, and with a single kv head (L3.reach); 5: the L3 model with sparse
+ * MoE layers, 4 experts of which each token uses 2 (split by 1, 2 or 4 ranks), with the
+ * load-balancing loss; 6: without it (the model refuses that loss over pipeline stages). */
 static const cf_model models[] = {
-    {48, 48, 64, 4, 12, 12, 4, 24, false}, {48, 48, 64, 4, 12, 1, 4, 24, false},
-    {32, 32, 40, 4, 4, 2, 6, 16, false},   {32, 32, 40, 4, 4, 2, 6, 16, true},
-    {32, 32, 40, 4, 4, 1, 6, 16, false},
+    {48, 48, 64, 4, 12, 12, 4, 24, false, 0, 0, 0}, {48, 48, 64, 4, 12, 1, 4, 24, false, 0, 0, 0},
+    {32, 32, 40, 4, 4, 2, 6, 16, false, 0, 0, 0},   {32, 32, 40, 4, 4, 2, 6, 16, true, 0, 0, 0},
+    {32, 32, 40, 4, 4, 1, 6, 16, false, 0, 0, 0},   {32, 32, 40, 4, 4, 2, 6, 16, false, 4, 2, 0.02},
+    {32, 32, 40, 4, 4, 2, 6, 16, false, 4, 2, 0},
 };
 
 void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const int *shape,
@@ -39,17 +44,22 @@ void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const
     od += (size_t)snprintf(d + od, sizeof d - od, "%s%s", i ? ", " : "", dims[i]);
     os += (size_t)snprintf(s + os, sizeof s - os, "%s%d", i ? ", " : "", shape[i]);
   }
+  char moe[160] = "";
+  if (m->experts)
+    snprintf(moe, sizeof moe,
+             "num_local_experts = %d\nnum_experts_per_tok = %d\nrouter_aux_loss_coef = %g\n",
+             m->experts, m->top_k, m->aux);
   snprintf(buf, len,
            "[job]\nmode = %s\nsteps = 1\nseed = 7\nbackend = local\ndevice = cpu\ntimeout_s = 20\n"
            "[mesh]\ndims = %s\nshape = %s\n"
            "[plugins]\nload = %s\n"
            "[model]\nvocab_size = %d\nhidden_size = %d\nintermediate_size = %d\n"
            "num_hidden_layers = %d\nnum_attention_heads = %d\nnum_key_value_heads = %d\n"
-           "rms_norm_eps = 1e-5\nrope_theta = 10000\ntie_word_embeddings = %s\n"
+           "rms_norm_eps = 1e-5\nrope_theta = 10000\ntie_word_embeddings = %s\n%s"
            "[data]\nsource = synthetic\nbatch_size = %d\nseq_len = %d\n"
            "[optimizer]\nlr = 1e-2\nweight_decay = 0.1\nmax_norm = 1.0\n%s",
            mode, d, s, load, m->vocab, m->hidden, m->inter, m->layers, m->heads, m->kv,
-           m->tied ? "true" : "false", m->batch, m->seq, extra ? extra : "");
+           m->tied ? "true" : "false", moe, m->batch, m->seq, extra ? extra : "");
 }
 
 void cf_load_list(const cf_plugin *p, char *buf, size_t len) {

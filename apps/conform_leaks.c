@@ -1,7 +1,7 @@
 /* `tessera conform`: leaks. L1.leaks repeats the plugin's callbacks and whole jobs and measures
  * the heap in use (mallinfo2, every arena) and what the rank allocators still hold after each
  * job, naming the callback whose repetition grows it; the L2 tests use cf_measure to repeat one
- * registration's forward and backward the same way.
+ * registration's forward and backward the same way (cf_no_leak).
  *
  * Each measure runs its work twice first (caches, arenas and lazily made state settle), then
  * CF_LEAK_WINDOWS times CF_LEAK_REPS times, and fails when the heap grew by CF_LEAK_BYTES_PER_REP
@@ -186,4 +186,51 @@ cf_result cf_leaks_test(const cf_plugin *p, const cf_test *t, char *msg, size_t 
                 "%d windows of %d repetitions each, after %d to settle: %s; job load; training job "
                 "on %s = %d (heap and rank allocators)",
                 CF_LEAK_WINDOWS, CF_LEAK_REPS, CF_LEAK_WARM, done, dims[0], shape[0]);
+}
+
+/* ---- The leak checks of L2 ----
+ * On a mesh of 2, once per test (each test is its own process), the first case that computes is
+ * repeated (cf_measure): the heap must not grow and the rank allocators must be empty when the
+ * ranks are freed. */
+
+static bool leak_checked;
+
+typedef struct leak_case {
+  tsr_rank_fn fn;
+  void *arg;
+  int n;
+  double timeout_s;
+} leak_case;
+
+static tsr_status leak_once(void *arg) {
+  const leak_case *l = arg;
+  return tsr_local_launch(l->n, l->timeout_s, l->fn, l->arg);
+}
+
+bool cf_no_leak(tsr_rank_fn fn, void *arg, int n, double timeout_s, const char *what, char *msg,
+                size_t len) {
+  if (n != 2 || leak_checked || cf_heap_in_use() < 0) return true;
+  leak_checked = true;
+  leak_case l = {fn, arg, n, timeout_s};
+  int64_t heap, ranks;
+  const int reps = 6;
+  if (cf_measure(leak_once, &l, 2, reps, &heap, &ranks) != TSR_OK) {
+    snprintf(msg, len, "%s, repeated to look for leaks: %s", what, tsr_last_error());
+    return false;
+  }
+  if (heap >= (int64_t)CF_LEAK_BYTES_PER_REP * reps) {
+    snprintf(msg, len,
+             "%s leaks: the heap in use grew by %lld bytes per run, in each of %d windows of "
+             "%d runs (after 2 to settle)",
+             what, (long long)(heap / reps), CF_LEAK_WINDOWS, reps);
+    return false;
+  }
+  if (ranks > 0) {
+    snprintf(msg, len,
+             "%s leaks rank memory: the rank allocators still held %lld bytes when the ranks "
+             "were freed, over %d runs (tensors made and never freed)",
+             what, (long long)ranks, CF_LEAK_WINDOWS * reps);
+    return false;
+  }
+  return true;
 }

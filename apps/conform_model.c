@@ -350,13 +350,31 @@ static cf_result l3_compare(const l3_files *got, const l3_files *ref, const char
                 L3_STEPS, world, nref, L3_STEPS, worst, comm);
 }
 
-/* t->arg: "dims|shape|load|combo" with ';' between list entries; the first dim is the plugin's. */
+/* True when the job's plugins split the model into pipeline stages (a stage dim of size > 1), over
+ * which the MoE model refuses its load-balancing loss ([model] router_aux_loss_coef > 0). */
+static bool over_stages(int nd, const char *const *dims, const int *shape, const char *load,
+                        const char *extra) {
+  static char text[8192];
+  tsr_app_job job;
+  bool rejected, staged = false;
+  cf_job_text(text, sizeof text, nd, dims, shape, load, CF_MODEL_MOE_NOAUX, "train", extra);
+  if (l3_open_steps(text, NULL, 1, &job, &rejected) != TSR_OK) return false;
+  const char *stage = tsr_registry_stage_dim(job.reg);
+  for (int i = 0; stage && i < nd; i++) staged |= !strcmp(dims[i], stage) && shape[i] > 1;
+  l3_close(&job);
+  return staged;
+}
+
+/* t->arg: "dims|shape|load|combo[|model]" with ';' between list entries; the first dim is the
+ * plugin's, model the cf_job_text model (default 2, the L3 model). */
 static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   if (!p->loaded) return cf_say(msg, len, CF_FAIL, "does not load: %s", p->load_msg);
   char arg[128], *save = NULL;
   snprintf(arg, sizeof arg, "%s", t->arg);
   char *dl = strtok_r(arg, "|", &save), *sl = strtok_r(NULL, "|", &save);
   char *load = strtok_r(NULL, "|", &save), *combo = strtok_r(NULL, "|", &save);
+  char *model_arg = strtok_r(NULL, "|", &save);
+  int l3m = model_arg ? atoi(model_arg) : 2;
   const char *dims[TSR_MAX_MESH_DIMS];
   int shape[TSR_MAX_MESH_DIMS], nd = 0, world = 1;
   for (char *s2 = NULL, *d = strtok_r(dl, ";", &s2); d && nd < TSR_MAX_MESH_DIMS;
@@ -377,12 +395,14 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
   if (t->item > 0) cf_variant(p, 2 * t->item, &model, extra, sizeof extra);
   cf_result res = CF_PASS;
   bool rejected;
-  cf_job_text(text, sizeof text, 0, NULL, NULL, "", 2, "train", "");
+  bool noaux = l3m == CF_MODEL_MOE && over_stages(nd, dims, shape, load, extra);
+  if (noaux) l3m = CF_MODEL_MOE_NOAUX;
+  cf_job_text(text, sizeof text, 0, NULL, NULL, "", l3m, "train", "");
   if (l3_run(text, &ref, &rejected, NULL) != TSR_OK) {
     res = cf_say(msg, len, CF_FAIL, "suite error: the 1-rank run failed: %s", tsr_last_error());
     goto done;
   }
-  cf_job_text(text, sizeof text, nd, dims, shape, load, 2, "train", extra);
+  cf_job_text(text, sizeof text, nd, dims, shape, load, l3m, "train", extra);
   cf_rank_leftover = 0;
   tsr_status st = l3_run(text, &got, &rejected, p);
   if (st != TSR_OK) {
@@ -393,6 +413,10 @@ static cf_result l3_model(const cf_plugin *p, const cf_test *t, char *msg, size_
     goto done;
   }
   res = l3_compare(&got, &ref, dims[0], world, msg, len);
+  if (noaux && res == CF_PASS)
+    snprintf(msg + strlen(msg), len - strlen(msg),
+             "; without the load-balancing loss, which the model does not run over pipeline "
+             "stages");
   if (res != CF_FAIL && cf_rank_leftover)
     res = cf_say(msg, len, CF_FAIL,
                  "the rank allocators still held %lld bytes when the ranks were freed after the "
@@ -470,7 +494,8 @@ done:
 /* L3.reach: every op rule and transition of the plugin must have run in some L3 run, so that
  * the comparisons with the 1-rank run (beside zdp included) covered its groups. What the L3 tests
  * before it did not reach is run for: the L3 model, then with tied embeddings, then with a single
- * kv head, on each of the plugin's dims at 2, alone and beside zdp, until everything is reached. */
+ * kv head, then with MoE layers, on each of the plugin's dims at 2, alone and beside zdp, until
+ * everything is reached. */
 static cf_result l3_reach(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   (void)t;
   if (!p->loaded) return cf_say(msg, len, CF_FAIL, "does not load: %s", p->load_msg);
@@ -483,14 +508,15 @@ static cf_result l3_reach(const cf_plugin *p, const cf_test *t, char *msg, size_
     before += counts && reached[k];
   }
   if (!wanted) return cf_say(msg, len, CF_NOTSUP, "registers no op rule or transition");
-  static const int models[] = {2, 3, 4};
-  static const char *const model_names[] = {"the L3 model", "tied embeddings", "one kv head"};
+  static const int models[] = {2, 3, 4, CF_MODEL_MOE};
+  static const char *const model_names[] = {"the L3 model", "tied embeddings", "one kv head",
+                                            "MoE layers"};
   char req[256] = "", tried[512] = "", extra_runs[512] = "";
   for (int i = 0; i < p->nrequired; i++)
     snprintf(req + strlen(req), sizeof req - strlen(req), "%s,", p->required[i]);
   char zdp_path[TSR_MAX_PATH];
   bool has_zdp = strcmp(p->name, "zdp") && cf_find_plugin("zdp", zdp_path, sizeof zdp_path);
-  for (int m = 0; m < 3 && before + got_now < wanted; m++)
+  for (int m = 0; m < 4 && before + got_now < wanted; m++)
     for (int d = 0; d < p->ntest_dims && before + got_now < wanted; d++)
       for (int z = 0; z < (has_zdp ? 2 : 1) && before + got_now < wanted; z++) {
         const char *dims[2] = {p->test_dims[d], "zdp"};
@@ -554,6 +580,18 @@ static cf_result l3_reach(const cf_plugin *p, const cf_test *t, char *msg, size_
                 wanted, before, got_now ? ", " : "", extra_runs);
 }
 
+/* True for a plugin that registers a rule for a mixture-of-experts op or the experts style: its
+ * L3 runs include the model with MoE layers. */
+static bool registers_moe(const cf_plugin *p) {
+  for (int k = 0; k < p->nitems; k++) {
+    const cf_item *it = &p->items[k];
+    if ((it->kind == CF_ITEM_OP && cf_moe_op(it->op)) ||
+        (it->kind == CF_ITEM_STYLE && !strcmp(it->name, TSR_STYLE_EXPERTS)))
+      return true;
+  }
+  return false;
+}
+
 static bool listed(const char *list, const char *name) {
   char buf[TSR_MAX_VALUE];
   snprintf(buf, sizeof buf, "%s", list);
@@ -575,6 +613,16 @@ void cf_add_model_tests(const cf_plugin *p) {
       snprintf(name, sizeof name, "L3.model.%s=%d", p->test_dims[i], n);
       cf_add_test(name, 3, l3_model, 0, n, arg);
     }
+  /* the model with MoE layers, for a plugin that registers something for them: each dim at 2
+   * and 4 ranks (4 experts); the combinations below run it too */
+  for (int i = 0; registers_moe(p) && i < p->ntest_dims; i++) {
+    for (int n = 2; n <= 4; n += 2) {
+      snprintf(arg, sizeof arg, "%s|%d|%s%s|alone|%d", p->test_dims[i], n, req, p->name,
+               CF_MODEL_MOE);
+      snprintf(name, sizeof name, "L3.model.%s=%d.moe", p->test_dims[i], n);
+      cf_add_test(name, 3, l3_model, 0, n, arg);
+    }
+  }
   /* alone with each key variant (an alternative schedule, layout, ...), first dim at 2 */
   char extra[512];
   int model;
@@ -625,6 +673,10 @@ void cf_add_model_tests(const cf_plugin *p) {
     else
       continue;
     snprintf(name, sizeof name, "L3.model.%s=2+%s", mine, q);
+    cf_add_test(name, 3, l3_model, 0, 2, arg);
+    if (!registers_moe(p)) continue;
+    snprintf(arg + strlen(arg), sizeof arg - strlen(arg), "|%d", CF_MODEL_MOE);
+    snprintf(name, sizeof name, "L3.model.%s=2+%s.moe", mine, q);
     cf_add_test(name, 3, l3_model, 0, 2, arg);
   }
   cf_add_test("L3.reach", 3, l3_reach, -1, 0, NULL);

@@ -8,7 +8,7 @@
  * applies the weight; rope rotates the two halves of each head by the angles of theta^(-2i/D)
  * at each row's position; sdpa is softmax(q·kᵀ/√D) v with query head h reading kv head
  * h / (Hq / Hkv), causal by position; cross_entropy is the mean over the labels that are not
- * the ignore index; swiglu is silu(gate)·up.
+ * the ignore index; swiglu is silu(gate)·up. The mixture-of-experts ops are conform_moe.c's.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -39,7 +39,8 @@ static double *as_double(const tsr_tensor *t) {
 
 void cf_ref64_free(cf_ref64 *r) {
   free(r->out);
-  for (int i = 0; i < TSR_MAX_OP_INPUTS; i++) free(r->grads[i]);
+  free(r->out2);
+  for (int i = 0; i < TSR_MAX_OP_INPUTS; i++) free(r->grads[i]), free(r->defined[i]);
   memset(r, 0, sizeof *r);
 }
 
@@ -184,10 +185,10 @@ static void swiglu(cf_ref64 *r, const double *a, const double *b, const double *
   }
 }
 
-tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, bool causal,
-                        const tsr_tensor *gout, cf_ref64 *r) {
+tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, const cf_op_attrs *attrs,
+                        const tsr_tensor *gout, const tsr_tensor *gout2, cf_ref64 *r) {
   memset(r, 0, sizeof *r);
-  double *x[TSR_MAX_OP_INPUTS] = {0}, *g = NULL, *scratch = NULL;
+  double *x[TSR_MAX_OP_INPUTS] = {0}, *g = NULL, *g2 = NULL, *scratch = NULL;
   tsr_status st = TSR_OK;
   for (int i = 0; i < nin; i++) {
     if (!(x[i] = as_double(in[i]))) {
@@ -203,8 +204,9 @@ tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, bool cau
   }
   r->nout = tsr_tensor_numel(gout);
   g = as_double(gout);
+  g2 = gout2 ? as_double(gout2) : NULL;
   r->out = dalloc(r->nout);
-  if (!g || !r->out) {
+  if (!g || !r->out || (gout2 && !g2)) {
     st = TSR_ERROR(TSR_ENOMEM, "out of memory for the float64 reference");
     goto done;
   }
@@ -224,8 +226,8 @@ tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, bool cau
       st = TSR_ERROR(TSR_ENOMEM, "out of memory for the float64 reference");
       goto done;
     }
-    sdpa(r, x[0], x[1], x[2], g, a->shape[0], L, a->shape[2], in[1]->shape[2], a->shape[3], causal,
-         scratch, scratch + L);
+    sdpa(r, x[0], x[1], x[2], g, a->shape[0], L, a->shape[2], in[1]->shape[2], a->shape[3],
+         attrs->causal, scratch, scratch + L);
   } else if (!strcmp(op, TSR_OP_ADD)) {
     for (int64_t i = 0; i < r->nout; i++) {
       r->out[i] = x[0][i] + x[1][i];
@@ -244,20 +246,24 @@ tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, bool cau
     }
   } else if (!strcmp(op, TSR_OP_CROSS_ENTROPY)) {
     cross_entropy(r, x[0], x[1], g[0], rows, a->shape[a->ndim - 1]);
+  } else if (cf_moe_op(op)) {
+    st = cf_moe_ref64(op, in, (const double *const *)x, attrs, g, g2, r);
   } else {
     st = TSR_ERROR(TSR_ENOTSUP, "the suite has no float64 reference for op '%s'", op);
   }
 done:
   for (int i = 0; i < nin; i++) free(x[i]);
   free(g);
+  free(g2);
   free(scratch);
   if (st != TSR_OK) cf_ref64_free(r);
   return st;
 }
 
 /* How far an f32 result is from the float64 reference: ||got − ref|| / ||ref|| and
- * max |got − ref| / max |ref|, with the worst element. */
-void cf_ref64_error(const tsr_tensor *got, const double *ref, int64_t n, cf_error *e) {
+ * max |got − ref| / max |ref|, with the worst element, over the elements `defined` marks. */
+void cf_ref64_error(const tsr_tensor *got, const double *ref, const unsigned char *defined,
+                    int64_t n, cf_error *e) {
   memset(e, 0, sizeof *e);
   tsr_tensor *c = NULL;
   e->worst = -1;
@@ -268,6 +274,10 @@ void cf_ref64_error(const tsr_tensor *got, const double *ref, int64_t n, cf_erro
   const float *p = tsr_tensor_data(c);
   double d2 = 0, r2 = 0, dmax = -1, rmax = 0;
   for (int64_t i = 0; i < n; i++) {
+    if (defined && !defined[i]) {
+      e->skipped++;
+      continue;
+    }
     double d = (double)p[i] - ref[i];
     if (!isfinite(d)) d = INFINITY;
     d2 += d * d;

@@ -11,12 +11,14 @@
  *   transition  each (src, dst) pair its match() accepts: Replicate -> src -> dst -> Replicate
  *               gives the tensor back exactly, and so does the adjoint of src -> dst;
  *   style       the module of the style (linear for column_linear, row_linear and kv_linear;
- *               embedding; rmsnorm) with its weight, input and output placed by the style,
+ *               embedding; rmsnorm; moe_experts for experts, both its stacked weights placed as
+ *               the style's weight) with its weight, input and output placed by the style,
  *               against the dense module, forward and backward.
  * Op and style names are the registry's vocabulary (tsr_op_names, tsr_module_style_names): the
  * registry refuses any other at registration, so a name here without a generator is a gap in the
  * suite (NOTSUP), never the plugin's fault.
- * Shapes come in an uneven variant (7, 11, 13: torch.chunk leaves no rank empty) and even ones.
+ * Shapes come in an uneven variant (7, 11, 13: torch.chunk leaves no rank empty) and even ones;
+ * the moe ops' are l2_shapes' (inputs and references in conform_moe.c).
  * A rule may refuse a shape with EINVAL or ENOTSUP; one that refuses every shape tried is
  * NOTSUP, a wrong number or any other failure is FAILED. Schedules, the other L2 registration,
  * are conform_schedules.c.
@@ -34,24 +36,38 @@
 typedef struct l2_shape {
   int64_t B, L, C, OC, V, H, HKV, D;
   bool causal;
+  cf_moe_shape moe; /* the moe ops' sizes (B, L and C as above) */
 } l2_shape;
 
-/* Variant sv of the shapes for a mesh of n ranks; false past the last one for this op. */
+/* Variant sv of the shapes for a mesh of n ranks; false past the last one for this op. The moe
+ * ops: 11 experts (a rule that splits the experts over 2-4 ranks refuses them); 7 x 5 tokens,
+ * which a batch split leaves uneven, over 12 experts, which it does not; then the even shape
+ * (4n experts), and it again with top_k = 1 and the last rank's n experts (on 1 rank the last
+ * expert) chosen by no token. */
 static bool l2_shapes(const char *op, int n, int sv, l2_shape *s) {
   bool attn = !strcmp(op, TSR_OP_SDPA);
+  if (cf_moe_op(op)) {
+    if (sv > 3) return false;
+    cf_moe_shape m = {7, 7, 7, 11, 13, 2, 0};
+    if (sv == 1) m = (cf_moe_shape){7, 5, 8, 12, 6, 2, 0};
+    if (sv >= 2) m = (cf_moe_shape){2 * n, 4 * n, 4 * n, 4 * n, 3 * n, 2, 0};
+    if (sv == 3) m.top_k = 1, m.starved = n > 1 ? m.E / n : 1;
+    *s = (l2_shape){.B = m.B, .L = m.L, .C = m.C, .causal = true, .moe = m};
+    return true;
+  }
   if (sv == 0) {
-    *s = (l2_shape){7, 7, 7, 11, 13, 7, 7, 4, true};
+    *s = (l2_shape){7, 7, 7, 11, 13, 7, 7, 4, true, {0}};
     return true;
   }
   if (sv > (attn ? 3 : 1)) return false;
-  *s = (l2_shape){2 * n, 4 * n, 4 * n, 4 * n, 4 * n, 2 * n, n, 4, true};
+  *s = (l2_shape){2 * n, 4 * n, 4 * n, 4 * n, 4 * n, 2 * n, n, 4, true, {0}};
   if (sv == 2) s->HKV = 1;
   if (sv == 3) s->causal = false;
   return true;
 }
 
-/* Deterministic values in [-1, 1), the same on every rank. */
-static tsr_status rand_tensor(int ndim, const int64_t *shape, uint32_t seed, tsr_tensor **out) {
+/* Deterministic values in [-1, 1), the same on every rank (conform.h). */
+tsr_status cf_rand_tensor(int ndim, const int64_t *shape, uint32_t seed, tsr_tensor **out) {
   TSR_CHECK(tsr_tensor_new(NULL, TSR_F32, ndim, shape, out));
   float *p = tsr_tensor_data(*out);
   uint32_t x = seed * 2654435761u + 12345u;
@@ -78,46 +94,48 @@ static tsr_status op_inputs(const char *op, const l2_shape *s, tsr_tensor **in, 
   *nin = 0;
   if (!strcmp(op, TSR_OP_LINEAR)) {
     *nin = 2;
-    TSR_CHECK(rand_tensor(3, x3, 1, &in[0]));
-    return rand_tensor(2, w, 2, &in[1]);
+    TSR_CHECK(cf_rand_tensor(3, x3, 1, &in[0]));
+    return cf_rand_tensor(2, w, 2, &in[1]);
   }
   if (!strcmp(op, TSR_OP_EMBEDDING)) {
     *nin = 2;
     TSR_CHECK(ids_tensor(s->B, s->L, s->V, false, &in[0]));
-    return rand_tensor(2, e, 3, &in[1]);
+    return cf_rand_tensor(2, e, 3, &in[1]);
   }
   if (!strcmp(op, TSR_OP_RMSNORM)) {
     *nin = 2;
-    TSR_CHECK(rand_tensor(3, x3, 4, &in[0]));
-    return rand_tensor(1, &s->C, 5, &in[1]);
+    TSR_CHECK(cf_rand_tensor(3, x3, 4, &in[0]));
+    return cf_rand_tensor(1, &s->C, 5, &in[1]);
   }
   if (!strcmp(op, TSR_OP_ROPE)) {
     *nin = 1;
-    return rand_tensor(4, q, 6, &in[0]);
+    return cf_rand_tensor(4, q, 6, &in[0]);
   }
   if (!strcmp(op, TSR_OP_SDPA)) {
     *nin = 3;
-    TSR_CHECK(rand_tensor(4, q, 7, &in[0]));
-    TSR_CHECK(rand_tensor(4, kv, 8, &in[1]));
-    return rand_tensor(4, kv, 9, &in[2]);
+    TSR_CHECK(cf_rand_tensor(4, q, 7, &in[0]));
+    TSR_CHECK(cf_rand_tensor(4, kv, 8, &in[1]));
+    return cf_rand_tensor(4, kv, 9, &in[2]);
   }
   if (!strcmp(op, TSR_OP_ADD) || !strcmp(op, TSR_OP_SWIGLU)) {
     *nin = 2;
-    TSR_CHECK(rand_tensor(3, x3, 10, &in[0]));
-    return rand_tensor(3, x3, 11, &in[1]);
+    TSR_CHECK(cf_rand_tensor(3, x3, 10, &in[0]));
+    return cf_rand_tensor(3, x3, 11, &in[1]);
   }
   if (!strcmp(op, TSR_OP_CROSS_ENTROPY)) {
     *nin = 2;
-    TSR_CHECK(rand_tensor(3, lg, 12, &in[0]));
+    TSR_CHECK(cf_rand_tensor(3, lg, 12, &in[0]));
     return ids_tensor(s->B, s->L, s->V, true, &in[1]);
   }
+  if (cf_moe_op(op)) return cf_moe_inputs(op, &s->moe, in, nin);
   return TSR_ENOTSUP;
 }
 
 /* The ops of the vocabulary the suite makes inputs for and runs (op_inputs, run_op). */
 static const char *const generated_ops[] = {
-    TSR_OP_EMBEDDING, TSR_OP_RMSNORM, TSR_OP_LINEAR, TSR_OP_ROPE,
-    TSR_OP_SDPA,      TSR_OP_ADD,     TSR_OP_SWIGLU, TSR_OP_CROSS_ENTROPY,
+    TSR_OP_EMBEDDING,  TSR_OP_RMSNORM,     TSR_OP_LINEAR,       TSR_OP_ROPE,
+    TSR_OP_SDPA,       TSR_OP_ADD,         TSR_OP_SWIGLU,       TSR_OP_CROSS_ENTROPY,
+    TSR_OP_MOE_ROUTER, TSR_OP_MOE_EXPERTS, TSR_OP_MOE_AUX_LOSS,
 };
 
 /* True for an op of the vocabulary that the suite has a generator for. */
@@ -130,8 +148,18 @@ static bool op_known(const char *op) {
   return false;
 }
 
+static cf_op_attrs op_attrs(const l2_shape *s) {
+  return (cf_op_attrs){s->causal, s->moe.top_k, cf_moe_aux_scale(s->moe.E)};
+}
+
+/* Runs op; *out2 gets the second output of an op that has one (moe_router's stats), else NULL. */
 static tsr_status run_op(tsr_tape_t *t, const char *op, const l2_shape *s, tsr_var **v,
-                         tsr_var **out) {
+                         tsr_var **out, tsr_var **out2) {
+  *out2 = NULL;
+  if (!strcmp(op, TSR_OP_MOE_ROUTER)) return tsr_op_moe_router(t, v[0], s->moe.top_k, out, out2);
+  if (!strcmp(op, TSR_OP_MOE_EXPERTS)) return tsr_op_moe_experts(t, v[0], v[1], v[2], v[3], out);
+  if (!strcmp(op, TSR_OP_MOE_AUX_LOSS))
+    return tsr_op_moe_aux_loss(t, v[0], op_attrs(s).aux_scale, out);
   if (!strcmp(op, TSR_OP_LINEAR)) return tsr_op_linear(t, v[0], v[1], out);
   if (!strcmp(op, TSR_OP_EMBEDDING)) return tsr_op_embedding(t, v[0], v[1], out);
   if (!strcmp(op, TSR_OP_RMSNORM)) return tsr_op_rmsnorm(t, v[0], v[1], 1e-5f, out);
@@ -179,7 +207,8 @@ static char *pl_str(tsr_placement p, char *buf) {
  * plugin's misses a bound, or when the core's own does (then the suite is at fault, and says
  * so). */
 static bool within_bounds(const tsr_tensor *got, const tsr_tensor *dense, const double *ref,
-                          int64_t n, const char *what, char *msg, size_t len) {
+                          const unsigned char *defined, int64_t n, const char *what, char *msg,
+                          size_t len) {
   if (tsr_tensor_numel(got) != n || tsr_tensor_numel(dense) != n || got->ndim != dense->ndim) {
     char sa[64], sb[64];
     snprintf(msg, len, "%s: shape %s, the dense reference's %s", what,
@@ -188,11 +217,11 @@ static bool within_bounds(const tsr_tensor *got, const tsr_tensor *dense, const 
     return false;
   }
   cf_error eg, ed;
-  cf_ref64_error(got, ref, n, &eg);
-  cf_ref64_error(dense, ref, n, &ed);
+  cf_ref64_error(got, ref, defined, n, &eg);
+  cf_ref64_error(dense, ref, defined, n, &ed);
   if (getenv("TESSERA_CONFORM_ERRORS")) /* for measuring the bounds (docs/conformance.md) */
-    fprintf(stderr, "conform-error %s dense %.3g %.3g got %.3g %.3g n %lld\n", what, ed.rel_l2,
-            ed.rel_max, eg.rel_l2, eg.rel_max, (long long)n);
+    fprintf(stderr, "conform-error %s dense %.3g %.3g got %.3g %.3g n %lld skipped %lld\n", what,
+            ed.rel_l2, ed.rel_max, eg.rel_l2, eg.rel_max, (long long)n, (long long)eg.skipped);
   if (!(ed.rel_l2 <= L2_BOUND_REL_L2 && ed.rel_max <= L2_BOUND_REL_MAX)) {
     snprintf(msg, len,
              "suite error: %s: the core's own f32 op is %.2g (relative L2) and %.2g (max) from "
@@ -217,13 +246,25 @@ static bool within_bounds(const tsr_tensor *got, const tsr_tensor *dense, const 
 /* The forward and backward of one op on `mesh`, inputs placed by `pl` (one placement per input
  * on the mesh's single dim). Fills full output and full input gradients (NULL where none). */
 typedef struct l2_run {
-  tsr_tensor *out, *grads[TSR_MAX_OP_INPUTS];
-  tsr_placement out_pl, grad_pl[TSR_MAX_OP_INPUTS];
+  tsr_tensor *out, *out2, *grads[TSR_MAX_OP_INPUTS]; /* out2: a second output, else NULL */
+  tsr_placement out_pl, out2_pl, grad_pl[TSR_MAX_OP_INPUTS];
   bool has_grad[TSR_MAX_OP_INPUTS];
 } l2_run;
 
+/* The output gradients forward_backward draws, the same on every rank. */
+#define L2_GOUT_SEED  77
+#define L2_GOUT2_SEED 78
+
+/* True for the inputs of a style's module that are its parameters, placed by the style's
+ * "weight": the last input of linear, embedding and rmsnorm; both stacked expert weights (w13,
+ * w2) of moe_experts. */
+static bool module_param(const char *op, int i, int nin) {
+  return !strcmp(op, TSR_OP_MOE_EXPERTS) ? i >= 2 : i == nin - 1;
+}
+
 static void run_free(l2_run *r) {
   tsr_tensor_free(r->out);
+  tsr_tensor_free(r->out2);
   for (int i = 0; i < TSR_MAX_OP_INPUTS; i++) tsr_tensor_free(r->grads[i]);
   memset(r, 0, sizeof *r);
 }
@@ -240,16 +281,16 @@ static tsr_status forward_backward(tsr_rank_t *r, const tsr_mesh_t *m, const l2_
                                    tsr_tensor **full, int nin, const tsr_placement *pl,
                                    const tsr_module_style *style, l2_run *res) {
   tsr_tape_t *t = NULL;
-  tsr_var *leaf[TSR_MAX_OP_INPUTS] = {0}, *in[TSR_MAX_OP_INPUTS] = {0}, *out = NULL;
-  tsr_dtensor *g = NULL;
+  tsr_var *leaf[TSR_MAX_OP_INPUTS] = {0}, *in[TSR_MAX_OP_INPUTS] = {0}, *out = NULL, *out2 = NULL;
+  tsr_dtensor *g = NULL, *g2 = NULL;
   tsr_tensor *gfull = NULL;
   tsr_status st = TSR_OK;
   memset(res, 0, sizeof *res);
   TSR_CHECK_GOTO(tsr_tape_new(r, &t), st);
   for (int i = 0; i < nin; i++) {
-    /* a style places the parameter (the last input of linear, embedding, rmsnorm) directly, and
-     * moves activations to its input placement with a recorded redistribute */
-    bool param = style && i == nin - 1;
+    /* a style places its parameters (module_param) directly, and moves activations to its
+     * input placement with a recorded redistribute */
+    bool param = style && module_param(c->op, i, nin);
     tsr_placement here = style && !param ? tsr_replicate() : pl[i], rep = tsr_replicate();
     /* from Replicate through the registry, so that a plugin's own layout of a placement (a
      * zigzag sequence shard) is what the op sees */
@@ -262,13 +303,28 @@ static tsr_status forward_backward(tsr_rank_t *r, const tsr_mesh_t *m, const l2_
     in[i] = leaf[i];
     if (style && !param) TSR_CHECK_GOTO(tsr_op_redistribute(t, leaf[i], m, &pl[i], &in[i]), st);
   }
-  TSR_CHECK_GOTO(run_op(t, c->op, &c->s, in, &out), st);
+  TSR_CHECK_GOTO(run_op(t, c->op, &c->s, in, &out, &out2), st);
   if (style) TSR_CHECK_GOTO(tsr_op_redistribute(t, out, m, &style->output, &out), st);
   res->out_pl = out->value->placements[0];
   TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, out->value, &res->out), st);
   res->out = keep(res->out);
-  TSR_CHECK_GOTO(rand_tensor(out->value->ndim, out->value->shape, 77, &gfull), st);
   tsr_placement rep = tsr_replicate();
+  if (out2) {
+    /* both outputs get a gradient, as the model's router has (combine, and stats through the
+     * aux loss): the second one is seeded before backward runs from the first */
+    res->out2_pl = out2->value->placements[0];
+    TSR_CHECK_GOTO(tsr_dtensor_full_tensor(r, out2->value, &res->out2), st);
+    res->out2 = keep(res->out2);
+    TSR_CHECK_GOTO(cf_rand_tensor(out2->value->ndim, out2->value->shape, L2_GOUT2_SEED, &gfull),
+                   st);
+    TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, gfull, &rep, &g2), st);
+    tsr_tensor_free(gfull);
+    gfull = NULL;
+    st = tsr_var_accumulate_grad(t, out2, g2);
+    g2 = NULL;
+    TSR_CHECK_GOTO(st, st);
+  }
+  TSR_CHECK_GOTO(cf_rand_tensor(out->value->ndim, out->value->shape, L2_GOUT_SEED, &gfull), st);
   TSR_CHECK_GOTO(tsr_dtensor_distribute(r, m, gfull, &rep, &g), st);
   st = tsr_tape_backward_with(t, out, g);
   g = NULL;
@@ -284,6 +340,7 @@ static tsr_status forward_backward(tsr_rank_t *r, const tsr_mesh_t *m, const l2_
 cleanup:
   tsr_tensor_free(gfull);
   tsr_dtensor_free(g);
+  tsr_dtensor_free(g2);
   tsr_tape_free(t);
   for (int i = 0; i < nin; i++) tsr_var_free(leaf[i]);
   if (st != TSR_OK) run_free(res);
@@ -359,7 +416,7 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
   tsr_tensor *full[TSR_MAX_OP_INPUTS] = {0};
   l2_run got = {0}, want = {0};
   cf_ref64 ref = {0};
-  tsr_tensor *gout = NULL;
+  tsr_tensor *gout = NULL, *gout2 = NULL;
   int nin = 0;
   bool me0 = tsr_comm_rank(comm) == 0;
   tsr_status st = TSR_OK;
@@ -375,7 +432,7 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
     rep[i] = tsr_replicate();
     if (c->kind == L2_OP)
       pl[i] = c->rule->any_input & (1u << i) ? tsr_replicate() : c->rule->inputs[i];
-    else if (i == nin - 1) /* a style's module takes its weight last */
+    else if (module_param(c->op, i, nin))
       pl[i] = tsr_module_style_param(c->style, "weight");
     else
       pl[i] = c->style->input;
@@ -414,13 +471,37 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
              pl_str(got.out_pl, a), pl_str(c->style->output, b));
     goto cleanup;
   }
-  /* the float64 reference, for the output gradient forward_backward drew */
-  TSR_CHECK_GOTO(rand_tensor(want.out->ndim, want.out->shape, 77, &gout), st);
-  TSR_CHECK_GOTO(cf_ref64_run(c->op, full, nin, c->s.causal, gout, &ref), st);
-  if (!within_bounds(got.out, want.out, ref.out, ref.nout, "forward output", c->msg,
+  /* the float64 reference, for the output gradients forward_backward drew */
+  TSR_CHECK_GOTO(cf_rand_tensor(want.out->ndim, want.out->shape, L2_GOUT_SEED, &gout), st);
+  if (want.out2)
+    TSR_CHECK_GOTO(cf_rand_tensor(want.out2->ndim, want.out2->shape, L2_GOUT2_SEED, &gout2), st);
+  cf_op_attrs attrs = op_attrs(&c->s);
+  TSR_CHECK_GOTO(cf_ref64_run(c->op, full, nin, &attrs, gout, gout2, &ref), st);
+  if (!within_bounds(got.out, want.out, ref.out, NULL, ref.nout, "forward output", c->msg,
                      sizeof c->msg)) {
     c->mismatch = true;
     goto cleanup;
+  }
+  if (want.out2 && ref.out2) {
+    /* a rule that declares one output leaves the second to the core, which replicates it */
+    tsr_placement want2 =
+        c->kind == L2_OP && c->rule->noutputs > 1 ? c->rule->outputs[1] : tsr_replicate();
+    if (!got.out2) {
+      c->mismatch = true;
+      snprintf(c->msg, sizeof c->msg, "the op gave no second output");
+      goto cleanup;
+    }
+    if (checks_pl && !tsr_placement_equal(got.out2_pl, want2)) {
+      c->mismatch = true;
+      snprintf(c->msg, sizeof c->msg, "output 1 placed %s on '%s'; the rule says %s",
+               pl_str(got.out2_pl, a), c->dim, pl_str(want2, b));
+      goto cleanup;
+    }
+    if (!within_bounds(got.out2, want.out2, ref.out2, NULL, ref.nout2, "forward output 1", c->msg,
+                       sizeof c->msg)) {
+      c->mismatch = true;
+      goto cleanup;
+    }
   }
   for (int i = 0; i < nin; i++) {
     if (!want.has_grad[i] || !ref.has_grad[i]) continue;
@@ -436,8 +517,8 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
                pl_str(got.grad_pl[i], a), pl_str(c->rule->grads[i], b));
       goto cleanup;
     }
-    if (!within_bounds(got.grads[i], want.grads[i], ref.grads[i], ref.ngrad[i], what, c->msg,
-                       sizeof c->msg)) {
+    if (!within_bounds(got.grads[i], want.grads[i], ref.grads[i], ref.defined[i], ref.ngrad[i],
+                       what, c->msg, sizeof c->msg)) {
       c->mismatch = true;
       goto cleanup;
     }
@@ -445,6 +526,7 @@ static tsr_status l2_rank(tsr_comm_t *comm, void *arg) {
 cleanup:
   cf_ref64_free(&ref);
   tsr_tensor_free(gout);
+  tsr_tensor_free(gout2);
   run_free(&got);
   run_free(&want);
   for (int i = 0; i < TSR_MAX_OP_INPUTS; i++) tsr_tensor_free(full[i]);
@@ -462,52 +544,6 @@ static bool refusal(tsr_status st) {
   return (st == TSR_EINVAL || st == TSR_ENOTSUP) && e[0];
 }
 
-/* ---- Leaks ----
- * On a mesh of 2, once per test (each test is its own process), the first case that computes is
- * repeated (cf_measure): the heap must not grow and the rank allocators must be empty when the
- * ranks are freed. */
-
-static bool leak_checked;
-
-typedef struct leak_case {
-  tsr_rank_fn fn;
-  void *arg;
-  int n;
-} leak_case;
-
-static tsr_status leak_once(void *arg) {
-  const leak_case *l = arg;
-  return tsr_local_launch(l->n, L2_TIMEOUT_S, l->fn, l->arg);
-}
-
-/* False, with the reason in msg, when repeating fn leaks. `what` names the registration. */
-static bool no_leak(tsr_rank_fn fn, void *arg, int n, const char *what, char *msg, size_t len) {
-  if (n != 2 || leak_checked || cf_heap_in_use() < 0) return true;
-  leak_checked = true;
-  leak_case l = {fn, arg, n};
-  int64_t heap, ranks;
-  const int reps = 6;
-  if (cf_measure(leak_once, &l, 2, reps, &heap, &ranks) != TSR_OK) {
-    snprintf(msg, len, "%s, repeated to look for leaks: %s", what, tsr_last_error());
-    return false;
-  }
-  if (heap >= (int64_t)CF_LEAK_BYTES_PER_REP * reps) {
-    snprintf(msg, len,
-             "%s leaks: the heap in use grew by %lld bytes per run, in each of %d windows of "
-             "%d runs (after 2 to settle)",
-             what, (long long)(heap / reps), CF_LEAK_WINDOWS, reps);
-    return false;
-  }
-  if (ranks > 0) {
-    snprintf(msg, len,
-             "%s leaks rank memory: the rank allocators still held %lld bytes when the ranks "
-             "were freed, over %d runs (tensors made and never freed)",
-             what, (long long)ranks, CF_LEAK_WINDOWS * reps);
-    return false;
-  }
-  return true;
-}
-
 /* Runs the case over the shape variants and grades it. */
 static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
   int computed = 0, refused = 0;
@@ -519,9 +555,16 @@ static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
     c->msg[0] = '\0';
     tsr_status st = tsr_local_launch(n, L2_TIMEOUT_S, l2_rank, c);
     char shape[160];
-    snprintf(shape, sizeof shape, "B=%lld L=%lld C=%lld OC=%lld V=%lld H=%lld Hkv=%lld%s",
-             (long long)s.B, (long long)s.L, (long long)s.C, (long long)s.OC, (long long)s.V,
-             (long long)s.H, (long long)s.HKV, s.causal ? "" : " non-causal");
+    const cf_moe_shape *mo = &s.moe;
+    if (cf_moe_op(c->op))
+      snprintf(shape, sizeof shape, "B=%lld L=%lld C=%lld E=%lld I=%lld top_k=%d%s",
+               (long long)mo->B, (long long)mo->L, (long long)mo->C, (long long)mo->E,
+               (long long)mo->I, mo->top_k,
+               mo->starved ? ", the last experts chosen by no token" : "");
+    else
+      snprintf(shape, sizeof shape, "B=%lld L=%lld C=%lld OC=%lld V=%lld H=%lld Hkv=%lld%s",
+               (long long)s.B, (long long)s.L, (long long)s.C, (long long)s.OC, (long long)s.V,
+               (long long)s.H, (long long)s.HKV, s.causal ? "" : " non-causal");
     if (st == TSR_OK && c->mismatch)
       return cf_say(msg, len, CF_FAIL, "%s=%d, %s: %s", c->dim, n, shape, c->msg);
     if (st == TSR_OK) {
@@ -530,7 +573,7 @@ static cf_result run_shapes(l2_case *c, int n, char *msg, size_t len) {
       snprintf(what, sizeof what, "%s %s, forward and backward on %s=%d, %s",
                c->kind == L2_OP ? "op rule" : "module style",
                c->kind == L2_OP ? c->rule->name : c->style->style, c->dim, n, shape);
-      if (!no_leak(l2_rank, c, n, what, why2, sizeof why2))
+      if (!cf_no_leak(l2_rank, c, n, L2_TIMEOUT_S, what, why2, sizeof why2))
         return cf_say(msg, len, CF_FAIL, "%s", why2);
     } else if (refusal(st)) {
       if (!refused++) snprintf(why, sizeof why, "%s: %s", shape, tsr_last_error());
@@ -561,14 +604,13 @@ cf_result cf_op_rule_test(const cf_plugin *p, const cf_test *t, char *msg, size_
   return cf_over_variants(p, t, t->n, op_body, msg, len);
 }
 
-/* The op that is a style's module, its weight the op's last input; NULL for a style of the
- * vocabulary the suite has no module for (the test is then NOTSUP). */
+/* The op that is a style's module, its parameters those of module_param; NULL for a style of
+ * the vocabulary the suite has no module for (the test is then NOTSUP). */
 static const char *style_op(const char *style) {
-  static const char *const map[][2] = {{TSR_STYLE_COLUMN_LINEAR, TSR_OP_LINEAR},
-                                       {TSR_STYLE_ROW_LINEAR, TSR_OP_LINEAR},
-                                       {TSR_STYLE_KV_LINEAR, TSR_OP_LINEAR},
-                                       {TSR_STYLE_EMBEDDING, TSR_OP_EMBEDDING},
-                                       {TSR_STYLE_RMSNORM, TSR_OP_RMSNORM}};
+  static const char *const map[][2] = {
+      {TSR_STYLE_COLUMN_LINEAR, TSR_OP_LINEAR}, {TSR_STYLE_ROW_LINEAR, TSR_OP_LINEAR},
+      {TSR_STYLE_KV_LINEAR, TSR_OP_LINEAR},     {TSR_STYLE_EMBEDDING, TSR_OP_EMBEDDING},
+      {TSR_STYLE_RMSNORM, TSR_OP_RMSNORM},      {TSR_STYLE_EXPERTS, TSR_OP_MOE_EXPERTS}};
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (!strcmp(map[i][0], style)) return map[i][1];
   return NULL;
@@ -733,7 +775,7 @@ static cf_result redist_body(const cf_plugin *p, const cf_test *t, const void *f
     snprintf(what, sizeof what, "transition %s, each placement pair both ways on %s=%d", rule->name,
              it->dim, n);
     if (st == TSR_OK && !c.bad && c.matched &&
-        !no_leak(redist_rank, &c, n, what, why2, sizeof why2))
+        !cf_no_leak(redist_rank, &c, n, L2_TIMEOUT_S, what, why2, sizeof why2))
       return cf_say(msg, len, CF_FAIL, "%s", why2);
     if (st == TSR_OK && c.bad)
       res = cf_say(msg, len, CF_FAIL, "%s=%d, shape [%lld, %lld, %lld]: %s", it->dim, n,
