@@ -126,6 +126,11 @@ const char *tsr_call_format(const tsr_call *call, int n, char *buf, size_t len) 
   return buf;
 }
 
+/* The same text (or both NULL)? Calls decoded from another process carry their own copies. */
+static bool str_differs(const char *a, const char *b) {
+  return a != b && (!a || !b || strcmp(a, b));
+}
+
 /* Records on `call` where its caller is: the group handle's label and the thread's breadcrumb. */
 static void stamp(tsr_call *call, const tsr_group_t *g) {
   call->label = g->label;
@@ -207,7 +212,8 @@ tsr_status tsr_call_check(const tsr_group_t *g, const tsr_call *const *calls, co
     }
     const tsr_breadcrumb *x = &calls[0]->crumb, *y = &calls[j]->crumb;
     if (calls[0]->label && calls[j]->label &&
-        (x->callback != y->callback || x->name != y->name || x->op != y->op)) {
+        (str_differs(x->callback, y->callback) || str_differs(x->name, y->name) ||
+         str_differs(x->op, y->op))) {
       size_t l = strlen(msg);
       snprintf(msg + l, len - l,
                "; the two were running different code: a callback or op made a collective call "

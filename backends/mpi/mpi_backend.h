@@ -28,6 +28,8 @@ enum {
 };
 
 #define TSR_MPI_MSG_LEN 1024
+/* Words at the end of each call descriptor for the caller's whereabouts (mpi_comm.c). */
+#define TSR_MPI_CRUMB_WORDS 48
 
 /* A set of outstanding requests, each with the member it talks to (for the messages). */
 typedef struct mpi_xfer {
@@ -49,7 +51,8 @@ typedef struct mpi_group {
   bool broken;
   tsr_status broken_status;
   char why[TSR_MPI_MSG_LEN];
-  /* Call descriptors: this member's (desc_words words) and every member's (n * desc_words). */
+  /* Call descriptors: this member's (desc_words words) and every member's (n * desc_words);
+   * the last TSR_MPI_CRUMB_WORDS of each are the caller's whereabouts as text. */
   size_t desc_words;
   uint64_t *desc_out, *desc_in;
   tsr_call *calls; /* decoded descriptors */

@@ -319,7 +319,7 @@ static tsr_status group_create(mpi_proc *p, tsr_group_t *g, mpi_group **out) {
   mg->comm = MPI_COMM_NULL;
   mg->n = n;
   mg->me = g->index;
-  mg->desc_words = 6 + 2 * (size_t)n;
+  mg->desc_words = 6 + 2 * (size_t)n + TSR_MPI_CRUMB_WORDS;
   mg->ranks = malloc((size_t)n * sizeof *mg->ranks);
   mg->desc_out = calloc(mg->desc_words, sizeof *mg->desc_out);
   mg->desc_in = calloc(mg->desc_words * (size_t)n, sizeof *mg->desc_in);
@@ -382,6 +382,49 @@ tsr_status tsr_mpi_group_init(tsr_comm_t *c, tsr_group_t *g) {
 
 /* ---- Arrival ---- */
 
+/* The caller's whereabouts travel with the descriptor as text, so that a mismatch between
+ * processes names the plugin callback or op on each side as the local backend does: a flag word,
+ * the step, then "label\0op\0op_pass\0plugin\0callback\0name\0phase\0", each cut to fit. */
+#define CRUMB_FIELDS 7
+
+static void crumb_encode(uint64_t *w, const tsr_call *call) {
+  memset(w, 0, TSR_MPI_CRUMB_WORDS * sizeof *w);
+  if (!call->label) return;
+  const tsr_breadcrumb *b = &call->crumb;
+  const char *f[CRUMB_FIELDS] = {call->label, b->op,   b->op_pass, b->plugin,
+                                 b->callback, b->name, b->phase};
+  w[0] = 1;
+  w[1] = (uint64_t)b->step;
+  char *text = (char *)(w + 2);
+  size_t room = (TSR_MPI_CRUMB_WORDS - 2) * sizeof *w, at = 0, each = room / CRUMB_FIELDS;
+  for (int i = 0; i < CRUMB_FIELDS; i++) {
+    size_t n = f[i] ? strlen(f[i]) : 0;
+    if (n > each - 1) n = each - 1;
+    memcpy(text + at, f[i] ? f[i] : "", n);
+    text[at + n] = '\0';
+    at += n + 1;
+  }
+}
+
+static void crumb_decode(const uint64_t *w, tsr_call *call) {
+  if (w[0] != 1) return;
+  const char *f[CRUMB_FIELDS], *text = (const char *)(w + 2);
+  size_t room = (TSR_MPI_CRUMB_WORDS - 2) * sizeof *w, at = 0;
+  for (int i = 0; i < CRUMB_FIELDS; i++) {
+    size_t n = at < room ? strnlen(text + at, room - at) : 0;
+    f[i] = at < room && n < room - at && n ? text + at : NULL;
+    at += n + 1;
+  }
+  call->label = f[0] ? f[0] : "";
+  call->crumb.step = (int64_t)w[1];
+  call->crumb.op = f[1];
+  call->crumb.op_pass = f[2];
+  call->crumb.plugin = f[3];
+  call->crumb.callback = f[4];
+  call->crumb.name = f[5];
+  call->crumb.phase = f[6];
+}
+
 static void desc_encode(uint64_t *w, const tsr_call *call, uint64_t seq, int n) {
   w[0] = seq;
   w[1] = (uint64_t)call->kind;
@@ -393,6 +436,7 @@ static void desc_encode(uint64_t *w, const tsr_call *call, uint64_t seq, int n) 
     w[6 + i] = call->counts ? (uint64_t)call->counts[i] : 0;
     w[6 + n + i] = call->recv_counts ? (uint64_t)call->recv_counts[i] : 0;
   }
+  crumb_encode(w + 6 + 2 * (size_t)n, call);
 }
 
 static void desc_decode(const uint64_t *w, int n, size_t *counts, tsr_call *call, uint64_t *seq) {
@@ -406,6 +450,7 @@ static void desc_decode(const uint64_t *w, int n, size_t *counts, tsr_call *call
   for (int i = 0; i < 2 * n; i++) counts[i] = (size_t)w[6 + i];
   call->counts = counts;
   call->recv_counts = counts + n;
+  crumb_decode(w + 6 + 2 * (size_t)n, call);
 }
 
 tsr_status tsr_mpi_arrive(tsr_group_t *g, const tsr_call *call) {
