@@ -124,7 +124,7 @@ static const tsr_strategy ep_desc = {
     .abi_major = TSR_ABI_MAJOR,
     .abi_minor = TSR_ABI_MINOR,
     .struct_size = sizeof(tsr_strategy),
-    .name = "ep",
+    .name = EP_NAME,
     .version = "0.1.0",
     .description = "expert parallelism: the batch split over ep, each rank holding E/ep experts, "
                    "tokens sent to their experts and back by all-to-all",

@@ -306,8 +306,15 @@ tsr_status ep_experts_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor
   /* home: the outputs come back in routed order */
   TSR_CHECK_GOTO(rows_new(r, M, C, "expert outputs at home", &s->y), st);
   TSR_CHECK_GOTO(tsr_comm_all_to_all(g, fdata(moved), s->recv, fdata(s->y), s->send, TSR_F32), st);
+#ifdef TSR_EP_FAULT_SKIP /* test builds only (tests/conformance): the last expert is dropped */
+  memset(fdata(s->y) + s->offsets[s->E - 1] * s->C, 0,
+         (size_t)((s->offsets[s->E] - s->offsets[s->E - 1]) * s->C) * sizeof(float));
+#endif
   tsr_kernel_moe_combine(fdata((*out)->local), fdata(s->y), combine, s->token, s->offsets, s->E,
                          s->C);
+#ifdef TSR_EP_FAULT_SCALE /* test builds only: every output off by a relative 5e-5 */
+  for (int64_t i = 0; i < s->N * s->C; i++) fdata((*out)->local)[i] *= 1.0f + 5e-5f;
+#endif
 cleanup:
   tsr_tensor_free(rows);
   tsr_tensor_free(moved);
