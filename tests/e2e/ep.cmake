@@ -59,8 +59,10 @@ foreach(row ${EP_E2E_CASES})
   if(NOT set STREQUAL "-")
     set(sets "--set ${set}")
   endif()
+  # four steps, the state after the fourth compared (AdamW moments built up, routing moved)
+  set(steps "--set job.steps=4 --dump-step 4")
   add_test(NAME e2e_ep_${name}
-    COMMAND sh -c "\"$0\" run \"$1\" --no-peak ${sets} --set mesh.shape=${one} --dump \"$3\" && \"$0\" run \"$1\" --no-peak ${sets} && \"$0\" compare \"$2\" \"$3\" --rtol 1e-4 --atol 1e-4"
+    COMMAND sh -c "\"$0\" run \"$1\" --no-peak ${sets} ${steps} --set mesh.shape=${one} --dump \"$3\" && \"$0\" run \"$1\" --no-peak ${sets} ${steps} && \"$0\" compare \"$2\" \"$3\" --rtol 1e-4 --atol 1e-4"
     ${TESSERA_BIN} ${EP_E2E_DIR}/${name}.ini ${EP_E2E_DIR}/${name}.safetensors
     ${EP_E2E_DIR}/${name}_one.safetensors)
   set_tests_properties(e2e_ep_${name} PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "MATCH: 0 tensors")
@@ -74,3 +76,10 @@ add_test(NAME e2e_ep_experts_not_divisible
   COMMAND sh -c "\"$0\" run \"$1\" --no-peak 2>&1; echo exit=$?" ${TESSERA_BIN} ${EP_E2E_DIR}/moe_ep3.ini)
 set_tests_properties(e2e_ep_experts_not_divisible PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "moe_ep3\\.ini:[0-9]+: \\[model\\] num_local_experts: 4 experts cannot be split over ep = 3.*use a multiple of 3 experts, or an ep that divides 4.*exit=2")
+
+# An MoE job on a mesh with ep > 1 but without the plugin: the dim has no owner.
+ep_e2e_job(moe_ep2_unowned moe ep 2 dp)
+add_test(NAME e2e_ep_unowned
+  COMMAND sh -c "\"$0\" run \"$1\" --no-peak 2>&1; echo exit=$?" ${TESSERA_BIN} ${EP_E2E_DIR}/moe_ep2_unowned.ini)
+set_tests_properties(e2e_ep_unowned PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "dim 'ep' has size 2 but no loaded plugin owns it.*add the plugin that owns 'ep' to \\[plugins\\] load.*exit=2")
