@@ -11,6 +11,7 @@
 #include "app.h"
 #include "tessera/io.h"
 #include "train.h"
+#include "train_ckpt.h"
 
 #define MAX_FILES 8
 
@@ -137,11 +138,12 @@ tsr_status tsr_app_check_files(const tsr_config *c) {
   if (colon && colon[1]) add(c, in, &nin, "data", "source", "", colon + 1, NULL);
   /* the held-out data: its keys first, so that a source without a use is said so */
   TSR_CHECK(tsr_train_eval_check(c));
+  TSR_CHECK(tsr_train_ckpt_check(c)); /* [checkpoint] dir, every, keep_last, load = latest */
   const char *eval = tsr_config_ext_of(c)->eval.source;
   colon = strchr(eval, ':');
   if (colon && colon[1]) add(c, in, &nin, "eval", "source", "", colon + 1, NULL);
   char optim[TSR_TRAIN_PATH_LEN + 32];
-  if (c->checkpoint.load[0]) {
+  if (c->checkpoint.load[0] && !tsr_train_ckpt_wants_load(c)) {
     add(c, in, &nin, "checkpoint", "load", "", c->checkpoint.load, NULL);
     TSR_CHECK(tsr_checkpoint_optim_path(in[nin - 1].path, optim, sizeof optim));
     struct stat sb;

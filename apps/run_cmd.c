@@ -55,7 +55,7 @@ static const char run_usage[] =
 static bool is_path_key(const char *assignment) {
   static const char *const keys[] = {
       "checkpoint.load=", "checkpoint.save=", "output.dump=", "output.trace=",
-      "output.metrics=",  "data.source=",     "eval.source="};
+      "output.metrics=",  "data.source=",     "eval.source=", "checkpoint.dir="};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     if (!strncmp(assignment, keys[i], strlen(keys[i]))) return true;
   return false;
@@ -126,7 +126,8 @@ static char *absolute_set(const char *assignment) {
       !strncmp(assignment, "data.source=", 12) || !strncmp(assignment, "eval.source=", 12);
   const char *colon = source ? strchr(val, ':') : NULL;
   const char *path = colon ? colon + 1 : val;
-  bool keep = !is_path_key(assignment) || !path[0] || path[0] == '/' || (!colon && source);
+  bool keep = !is_path_key(assignment) || !path[0] || path[0] == '/' || (!colon && source) ||
+              !strcmp(assignment, "checkpoint.load=latest"); /* a keyword, not a path */
   char *cwd = keep ? NULL : current_dir();
   if (!keep && !cwd) {
     fprintf(stderr,

@@ -10,6 +10,7 @@
 #include "tessera_mpi.h"
 #include "tessera_nccl.h"
 #include "train.h"
+#include "train_ckpt.h"
 #include "train_log.h"
 #include "train_mem.h"
 
@@ -227,6 +228,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   tsr_train_dump dump = {0};
   tsr_train_mem mem = {0, 0, 0};
   tsr_train_eval ev = {0};
+  int64_t saved = -1; /* the step of the last periodic checkpoint ([checkpoint] dir) */
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(open_data(t, &data), st);
   if (train) TSR_CHECK_GOTO(tsr_train_eval_open(t, &ev), st);
@@ -301,6 +303,10 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
       if (lead) tsr_train_log_eval(&ctx->log, &er);
     }
     tsr_trace_add("step", "step", trace_step, step, -1);
+    if (train && !check && step < end && tsr_train_ckpt_due(c, step)) {
+      TSR_CHECK_GOTO(tsr_train_ckpt_save(t, all, step, ctx->log.out), st);
+      saved = step;
+    }
     /* SIGINT or SIGTERM on any rank: every rank stops after this step, and what follows the
      * last step (the checkpoint) is done here */
     int sig = 0;
@@ -324,6 +330,9 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     st = tsr_train_save_checkpoint(t);
     TSR_CHECK_GOTO(agree(all, st), st);
     if (c->checkpoint.save[0]) tsr_trace_add("phase", "checkpoint", trace_at, end, -1);
+    /* the last step goes to [checkpoint] dir too, unless a periodic save just wrote it */
+    if (tsr_config_ext_of(c)->checkpoint.dir[0] && saved != end)
+      TSR_CHECK_GOTO(tsr_train_ckpt_save(t, all, end, ctx->log.out), st);
   }
   st = tsr_train_trace_write(t, all, ctx->log.out);
   TSR_CHECK_GOTO(agree(all, st), st);

@@ -6,6 +6,7 @@
 
 #include "tessera/io.h"
 #include "train.h"
+#include "train_ckpt.h"
 
 const char *tsr_train_path(const tsr_config *cfg, const char *value, char *buf, size_t len) {
   if (value[0] == '/' || !strcmp(cfg->dir, "."))
@@ -61,6 +62,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   const tsr_config *cfg = t->job->cfg;
   *resumed = false;
   if (!cfg->checkpoint.load[0]) return TSR_OK;
+  if (tsr_train_ckpt_wants_load(cfg)) return tsr_train_ckpt_load(t, resumed); /* sharded */
   char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16], where[TSR_MAX_PATH + 160];
   tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
   tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;

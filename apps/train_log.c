@@ -86,6 +86,8 @@ void tsr_train_log_header(tsr_train_log *l, const tsr_app_job *job, int threads)
 
 void tsr_train_log_resume(tsr_train_log *l, const tsr_config *c, int64_t resumed_at) {
   if (l->json || !c->checkpoint.load[0]) return;
+  /* load = latest with no checkpoint yet: the load said so, the run starts afresh */
+  if (resumed_at < 0 && !strcmp(c->checkpoint.load, "latest")) return;
   if (resumed_at >= 0)
     fprintf(l->out, "resumed from %s at step %lld (model and optimizer state)\n",
             c->checkpoint.load, (long long)resumed_at);

@@ -152,10 +152,20 @@ const tsr_schema_entry tsr_schema[] = {
     KEY_INT("optimizer", "grad_accum_steps", optimizer.grad_accum_steps, "1", 1, 1e6,
             "microbatches per optimizer step; must divide [data] batch_size"),
 
-    KEY_STRING("checkpoint", "load", checkpoint.load, "",
-               "safetensors file of full tensors (HF names) to start from; empty = fresh init"),
+    KEY_STRING(
+        "checkpoint", "load", checkpoint.load, "",
+        "safetensors file of full tensors (HF names), a sharded checkpoint folder, or latest "
+        "(the newest complete one in dir) to start from; empty = fresh init"),
     KEY_STRING("checkpoint", "save", checkpoint.save, "",
                "safetensors file written at the end; empty = none"),
+    XKEY_STRING("checkpoint", "dir", checkpoint.dir, "",
+                "folder of sharded checkpoints, one step-NNNNNN/ per save, each rank writing "
+                "its own shards; empty = none"),
+    XKEY_INT("checkpoint", "every", checkpoint.every, "0", 0, 1e9,
+             "save to dir after every this many steps and after the last; 0 = after the last "
+             "only"),
+    XKEY_INT("checkpoint", "keep_last", checkpoint.keep_last, "0", 0, 1e6,
+             "newest checkpoints kept in dir, older ones removed after a save; 0 = keep all"),
 
     KEY_STRING("output", "dump", output.dump, "",
                "safetensors file of logits, loss, grads and updated params of step 1"),

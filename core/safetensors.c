@@ -595,6 +595,15 @@ tsr_status tsr_safetensors_read_into(const tsr_safetensors_t *st, const char *na
   return tsr_safetensors_copy_into(st, name, dst, false);
 }
 
+tsr_status tsr_safetensors_bytes(const tsr_safetensors_t *st, const char *name, const void **data,
+                                 size_t *nbytes) {
+  const st_entry *e;
+  TSR_CHECK(find_or_fail(st, name, &e));
+  *data = st->data + e->begin;
+  *nbytes = (size_t)(e->end - e->begin);
+  return TSR_OK;
+}
+
 const char *tsr_safetensors_meta(const tsr_safetensors_t *st, const char *key) {
   for (int i = 0; i < st->nmeta; i++)
     if (strcmp(st->meta_keys[i], key) == 0) return st->meta_values[i];

@@ -187,6 +187,12 @@ typedef struct tsr_config_ext {
     int64_t decoder_sparse_step; /* layer l is MoE when (l + 1) % step == 0; 1 = every layer */
     double router_aux_loss_coef; /* weight of the load-balancing loss added to the loss */
   } model;
+  struct {
+    /* periodic sharded checkpoints: DIR/step-NNNNNN/, one file per rank and an index */
+    char dir[TSR_MAX_VALUE]; /* "" = none */
+    int64_t every;           /* steps between saves; 0 = at the end of the run only */
+    int64_t keep_last;       /* newest folders kept; 0 = every one */
+  } checkpoint;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

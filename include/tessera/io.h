@@ -75,6 +75,12 @@ TSR_API tsr_status tsr_safetensors_read_as(const tsr_safetensors_t *st, const ch
 TSR_API tsr_status tsr_safetensors_read_into(const tsr_safetensors_t *st, const char *name,
                                              tsr_tensor *dst);
 
+/* The bytes of tensor `name` as stored (row-major, little-endian, the file's dtype) in *data,
+ * inside the file's read-only mapping and valid until tsr_safetensors_close, and their count in
+ * *nbytes: for reading part of a tensor without copying all of it. */
+TSR_API tsr_status tsr_safetensors_bytes(const tsr_safetensors_t *st, const char *name,
+                                         const void **data, size_t *nbytes);
+
 /* The value of metadata `key`, or NULL when the file has no such entry. */
 TSR_API const char *tsr_safetensors_meta(const tsr_safetensors_t *st, const char *key);
 /* Number of metadata entries, and key `i` of them in the file's order. */

@@ -1,0 +1,53 @@
+#!/bin/sh
+# ckpt_sharded_kill.sh TESSERA JOB DIR: a run saving sharded checkpoints every 2 steps
+# ([checkpoint] dir, every = 2, keep_last = 1) killed with SIGKILL at each point of its step-4
+# save (TESSERA_TEST_SAVE_KILL, apps/train_ckpt.c) over a complete step-2 checkpoint. Before the
+# rename no step-000004 exists, only the temporary .step-000004.tmp, and load = latest resumes
+# step 2; once renamed, step 4 is complete and resumed (keep_last has not removed step 2 yet:
+# nothing is pruned before the new folder is complete). Either way the resumed run ends at step 6
+# bit for bit where the uninterrupted run ends, and its saves remove the temporary and the
+# folders beyond keep_last. JOB runs on 4 ranks (dp 2 x tp 2), so a save writes several files.
+set -u
+bin=$1 job=$2 dir=$3
+rm -rf "$dir"
+mkdir -p "$dir"
+fails=0
+fail() {
+  echo "FAILED: $*"
+  fails=$((fails + 1))
+}
+run() {
+  "$bin" run "$job" --no-peak --no-progress --set job.steps=6 --set mesh.dims=dp,tp \
+    --set mesh.shape=2,2 "$@"
+}
+run --set checkpoint.save="$dir/full6.safetensors" >"$dir/full.log" 2>&1 || fail "uninterrupted run"
+run --stop-at 2 --set checkpoint.dir="$dir/good" --set checkpoint.every=2 >/dev/null 2>&1 ||
+  fail "step 2"
+for point in shard-written shards-written index-written renamed; do
+  d="$dir/$point"
+  cp -r "$dir/good" "$d"
+  TESSERA_TEST_SAVE_KILL=$point run --stop-at 4 --set checkpoint.dir="$d" --set checkpoint.every=2 \
+    --set checkpoint.keep_last=1 --set checkpoint.load=latest >"$d.kill.log" 2>&1
+  code=$?
+  [ "$code" = 137 ] || { fail "$point: the run was not killed (exit $code)"; cat "$d.kill.log"; }
+  case $point in
+    renamed) from=4 ;;
+    *)
+      from=2
+      [ -e "$d/step-000004" ] && fail "$point: a step-000004 exists before its save completed"
+      [ -d "$d/.step-000004.tmp" ] || fail "$point: no temporary folder left by the killed save"
+      ;;
+  esac
+  [ -f "$d/step-000002/index.json" ] || fail "$point: the previous checkpoint is gone"
+  run --set checkpoint.dir="$d" --set checkpoint.every=2 --set checkpoint.keep_last=1 \
+    --set checkpoint.load=latest --set checkpoint.save="$d.6.safetensors" >"$d.log" 2>&1 ||
+    { fail "$point: resume failed"; cat "$d.log"; continue; }
+  grep -q "resumed from .* at step $from" "$d.log" ||
+    { fail "$point: did not resume at step $from"; cat "$d.log"; }
+  cmp -s "$d.6.safetensors" "$dir/full6.safetensors" &&
+    cmp -s "$d.6.optim.safetensors" "$dir/full6.optim.safetensors" ||
+    fail "$point: step 6 differs from the uninterrupted run"
+  left=$(ls -A "$d" | tr '\n' ' ')
+  [ "$left" = "step-000006 " ] || fail "$point: left in the dir after keep_last = 1: $left"
+done
+[ "$fails" = 0 ] && echo "ckpt sharded kill: ok"
