@@ -267,6 +267,28 @@ static tsr_status publish(tsr_train_rank *t, int64_t step, const char *dir, cons
   return TSR_OK;
 }
 
+/* A field of /proc/self/status in bytes ("VmRSS", "VmHWM"), -1 where there is none. */
+static int64_t proc_status_bytes(const char *field) {
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  size_t n = strlen(field);
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, field, n) && line[n] == ':' && sscanf(line + n + 1, "%lld", &kib) == 1)
+      break;
+  fclose(f);
+  return kib < 0 ? -1 : (int64_t)kib * 1024;
+}
+
+/* Resets the process's resident high-water mark (VmHWM) to its current size. */
+static bool reset_hwm(void) {
+  FILE *f = fopen("/proc/self/clear_refs", "w");
+  if (!f) return false;
+  bool ok = fputs("5", f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
 tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step, FILE *out) {
   const tsr_config *c = t->job->cfg;
   char dir[TSR_TRAIN_PATH_LEN], tmp[TSR_TRAIN_PATH_LEN + 64], final[TSR_TRAIN_PATH_LEN + 64];
@@ -280,6 +302,9 @@ tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step
   tsr_allocator *a = tsr_rank_allocator(t->r);
   size_t before = a->bytes_in_use, old_peak = a->peak_bytes;
   a->peak_bytes = before;
+  /* and the process's resident memory (all ranks of a local job, one under mpi) */
+  bool proc = lead || strcmp(c->job.backend, "local");
+  int64_t rss0 = proc && reset_hwm() ? proc_status_bytes("VmRSS") : -1;
   int64_t written = 0;
   tsr_status st = lead ? prepare(dir, tmp) : TSR_OK;
   st = agree(all, st);
@@ -293,6 +318,8 @@ tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step
   }
   st = agree(all, st);
   int64_t extra = (int64_t)(a->peak_bytes - before);
+  int64_t hwm = rss0 >= 0 ? proc_status_bytes("VmHWM") : -1;
+  int64_t rss_extra = rss0 >= 0 && hwm >= rss0 ? hwm - rss0 : -1;
   if (a->peak_bytes < old_peak) a->peak_bytes = old_peak;
   if (st != TSR_OK)
     return tsr_error_prefix(st, "%s",
@@ -305,16 +332,20 @@ tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step
       const tsr_dtensor *x = state_of(t, i, w);
       if (x && x->local) held += (int64_t)tsr_tensor_nbytes(x->local);
     }
-  int64_t v[4] = {held, written, extra, written}, r[4];
-  int64_t mx[3] = {held, written, extra};
-  TSR_CHECK(tsr_comm_all_reduce(all, v, r, 4, TSR_I64, TSR_REDUCE_SUM));
-  TSR_CHECK(tsr_comm_all_reduce(all, mx, v, 3, TSR_I64, TSR_REDUCE_MAX));
-  if (lead && !t->opts->json)
+  int64_t total = 0, mx[4] = {held, written, extra, rss_extra}, v[4];
+  TSR_CHECK(tsr_comm_all_reduce(all, &written, &total, 1, TSR_I64, TSR_REDUCE_SUM));
+  TSR_CHECK(tsr_comm_all_reduce(all, mx, v, 4, TSR_I64, TSR_REDUCE_MAX));
+  if (lead && !t->opts->json) {
+    char rss[64] = "n/a";
+    if (v[3] >= 0) snprintf(rss, sizeof rss, "%lld", (long long)v[3]);
     fprintf(out,
             "checkpoint: step %lld saved to %s in %.3f s (files %.3f s): %lld bytes from %d "
-            "rank%s; largest rank: state %lld bytes, wrote %lld, save added %lld\n",
-            (long long)step, final, now_s() - t0, t_files, (long long)r[3], tsr_group_size(all),
-            tsr_group_size(all) == 1 ? "" : "s", (long long)v[0], (long long)v[1], (long long)v[2]);
+            "rank%s; largest rank: state %lld bytes, wrote %lld, allocator +%lld during the "
+            "save; process resident peak +%s\n",
+            (long long)step, final, now_s() - t0, t_files, (long long)total, tsr_group_size(all),
+            tsr_group_size(all) == 1 ? "" : "s", (long long)v[0], (long long)v[1], (long long)v[2],
+            rss);
+  }
   return TSR_OK;
 }
 
