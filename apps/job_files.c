@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "app.h"
+#include "hf.h"
 #include "tessera/io.h"
 #include "train.h"
 #include "train_ckpt.h"
@@ -143,7 +144,10 @@ tsr_status tsr_app_check_files(const tsr_config *c) {
   colon = strchr(eval, ':');
   if (colon && colon[1]) add(c, in, &nin, "eval", "source", "", colon + 1, NULL);
   char optim[TSR_TRAIN_PATH_LEN + 32];
-  if (c->checkpoint.load[0] && !tsr_train_ckpt_wants_load(c)) {
+  char folder[TSR_TRAIN_PATH_LEN];
+  /* a Hugging Face folder is checked by its reader (tsr_hf_job_apply, tsr_hf_weights_open) */
+  if (c->checkpoint.load[0] && !tsr_train_ckpt_wants_load(c) &&
+      !tsr_hf_is_folder(tsr_train_path(c, c->checkpoint.load, folder, sizeof folder))) {
     add(c, in, &nin, "checkpoint", "load", "", c->checkpoint.load, NULL);
     TSR_CHECK(tsr_checkpoint_optim_path(in[nin - 1].path, optim, sizeof optim));
     struct stat sb;

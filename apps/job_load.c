@@ -3,12 +3,14 @@
 #include <string.h>
 
 #include "app.h"
+#include "hf.h"
 #include "tessera/comm.h"
 #include "tessera/mesh.h"
 #include "tessera/rank.h"
 #include "tessera_mpi.h"
 #include "tessera_nccl.h"
 #include "train.h"
+#include "train_ckpt.h"
 
 /* What the job asks of this process and machine: a backend built in, a device present, a local
  * world the threads of one process can hold, no MPI launcher around a local job. TSR_ENOTSUP
@@ -68,6 +70,8 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
   TSR_CHECK_GOTO(tsr_config_load(path, &job->cfg), st);
   for (int i = 0; i < nset; i++) TSR_CHECK_GOTO(tsr_config_set(job->cfg, sets[i]), st);
   TSR_CHECK_GOTO(tsr_config_check_sets(job->cfg), st);
+  if (!tsr_train_ckpt_wants_load(job->cfg)) /* a sharded checkpoint folder is not a HF one */
+    TSR_CHECK_GOTO(tsr_hf_job_apply(job->cfg), st); /* [checkpoint] load = a HF folder */
   TSR_CHECK_GOTO(tsr_app_check_files(job->cfg), st);
   TSR_CHECK_GOTO(check_backend(job->cfg), st);
   TSR_CHECK_GOTO(tsr_train_check_config(job->cfg), st);

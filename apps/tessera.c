@@ -4,6 +4,7 @@
 
 #include "app.h"
 #include "conform.h"
+#include "hf.h"
 #include "tessera/tessera.h"
 #include "tokenize.h"
 
@@ -19,6 +20,8 @@ static const char usage[] =
     "  tokenize TOKENIZER.json -o OUT FILE.. text or JSONL to a token file with a Hugging Face\n"
     "                                       tokenizer, and the index of its documents\n"
     "  decode TOKENIZER.json TOKENS         a token file back to text, one document per line\n"
+    "  export JOB.ini DIR                   the job's checkpoint as a Hugging Face model folder\n"
+    "  generate MODEL --prompt TEXT         continue a prompt (MODEL: a job file or HF folder)\n"
     "  conform PLUGIN [options]             run the conformance suite against a plugin\n"
     "  ini-reference                        print the job-file reference (docs/ini-reference.md)\n"
     "  help                                 this text\n"
@@ -75,9 +78,12 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "conform")) return tsr_cmd_conform(argc - 1, argv + 1);
   if (!strcmp(cmd, "tokenize")) return tsr_cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "decode")) return tsr_cmd_decode(argc - 1, argv + 1);
-  static const char *const cmds[] = {"plugins", "plan",     "run",    "ini-reference", "compare",
-                                     "conform", "tokenize", "decode", "help"};
-  const char *hint = tsr_closest_name(cmd, cmds, 9);
+  if (!strcmp(cmd, "export")) return tsr_cmd_export(argc - 1, argv + 1);
+  if (!strcmp(cmd, "generate")) return tsr_cmd_generate(argc - 1, argv + 1);
+  static const char *const cmds[] = {"plugins", "plan",     "run",      "ini-reference",
+                                     "compare", "conform",  "tokenize", "decode",
+                                     "export",  "generate", "help"};
+  const char *hint = tsr_closest_name(cmd, cmds, 11);
   if (hint)
     fprintf(stderr, "tessera: unknown command '%s'; did you mean '%s'?\n", cmd, hint);
   else

@@ -4,6 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hf.h"
 #include "tessera/io.h"
 #include "train.h"
 #include "train_ckpt.h"
@@ -65,6 +66,7 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed) {
   if (tsr_train_ckpt_wants_load(cfg)) return tsr_train_ckpt_load(t, resumed); /* sharded */
   char path[TSR_TRAIN_PATH_LEN], optim[TSR_TRAIN_PATH_LEN + 16], where[TSR_MAX_PATH + 160];
   tsr_train_path(cfg, cfg->checkpoint.load, path, sizeof path);
+  if (tsr_hf_is_folder(path)) return tsr_hf_train_load(t, path); /* weights only (docs/hf.md) */
   tsr_tensor **full = NULL, **ea = NULL, **eas = NULL;
   tsr_train_hf hf = {0}, hf2 = {0}; /* the files' tensors: views into full, or ea and eas */
   char *model_file = NULL;
