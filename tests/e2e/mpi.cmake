@@ -104,3 +104,12 @@ add_test(NAME e2e_mpi_world_mismatch
     ${MPI_E2E_RUN} ${MPI_E2E_BIN} ${MPI_E2E_MIRROR})
 set_tests_properties(e2e_mpi_world_mismatch PROPERTIES LABELS "mpi;e2e" TIMEOUT 120
   PASS_REGULAR_EXPRESSION "the mesh has 4 ranks but the job has 2 MPI processes.*exit=2")
+
+# Sharded checkpoints across backends (docs/training.md): 4 mpi processes save each its own
+# file; the checkpoint resumes on 1 local rank and under 4 processes on tp 4, and one of 8 local
+# ranks under 4 processes (HSDP), each as the full-tensor export of the same save resumes.
+add_test(NAME e2e_mpi_ckpt_sharded
+  COMMAND sh ${PROJECT_SOURCE_DIR}/tests/e2e/ckpt_mpi.sh ${MPI_E2E_BIN}
+    ${PROJECT_SOURCE_DIR}/tests/e2e/jobs/mesh_matrix.ini ${MPI_E2E_DIR}/ckpt_sharded ${TESSERA_MPIRUN})
+set_tests_properties(e2e_mpi_ckpt_sharded PROPERTIES LABELS "mpi;e2e" TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "ckpt mpi: ok")
