@@ -269,20 +269,28 @@ int tsr_cmd_run(int argc, char **argv) {
       fflush(stdout);
       const tsr_config *c = job.cfg;
       char saved[TSR_TRAIN_PATH_LEN];
-      if (tsr_mpi_env_rank() <= 0) {
-        if (c->job.mode == TSR_MODE_TRAIN && c->checkpoint.save[0])
-          fprintf(stderr,
-                  "tessera run: stopped by %s after step %lld of %lld; checkpoint written to %s "
-                  "(resume with [checkpoint] load = it)\n",
-                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)at, (long long)last,
-                  tsr_train_path(c, c->checkpoint.save, saved, sizeof saved));
-        else
-          fprintf(stderr,
-                  "tessera run: stopped by %s after step %lld of %lld; no checkpoint written "
-                  "(%s)\n",
-                  sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)at, (long long)last,
-                  c->job.mode == TSR_MODE_TRAIN ? "[checkpoint] save is empty" : "mode = forward");
-      }
+      const char *name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+      bool train = c->job.mode == TSR_MODE_TRAIN, lead = tsr_mpi_env_rank() <= 0;
+      bool dir = train && tsr_config_ext_of(c)->checkpoint.dir[0],
+           file = train && c->checkpoint.save[0];
+      if (lead && file)
+        fprintf(stderr,
+                "tessera run: stopped by %s after step %lld of %lld; checkpoint written to %s "
+                "(resume with [checkpoint] load = it)\n",
+                name, (long long)at, (long long)last,
+                tsr_train_path(c, c->checkpoint.save, saved, sizeof saved));
+      if (lead && dir)
+        fprintf(stderr,
+                "tessera run: stopped by %s after step %lld of %lld; checkpoint written to "
+                "%s/step-%06lld (resume with [checkpoint] load = latest)\n",
+                name, (long long)at, (long long)last,
+                tsr_train_path(c, tsr_config_ext_of(c)->checkpoint.dir, saved, sizeof saved),
+                (long long)at);
+      if (lead && !file && !dir)
+        fprintf(stderr,
+                "tessera run: stopped by %s after step %lld of %lld; no checkpoint written (%s)\n",
+                name, (long long)at, (long long)last,
+                train ? "[checkpoint] save is empty" : "mode = forward");
       code = 128 + sig;
     }
   }

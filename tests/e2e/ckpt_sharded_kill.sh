@@ -7,6 +7,8 @@
 # nothing is pruned before the new folder is complete). Either way the resumed run ends at step 6
 # bit for bit where the uninterrupted run ends, and its saves remove the temporary and the
 # folders beyond keep_last. JOB runs on 4 ranks (dp 2 x tp 2), so a save writes several files.
+# Then SIGTERM: the run stops after the step under way with its checkpoint in the dir, named on
+# stderr, and that checkpoint resumes.
 set -u
 bin=$1 job=$2 dir=$3
 rm -rf "$dir"
@@ -50,4 +52,21 @@ for point in shard-written shards-written index-written renamed; do
   left=$(ls -A "$d" | tr '\n' ' ')
   [ "$left" = "step-000006 " ] || fail "$point: left in the dir after keep_last = 1: $left"
 done
-[ "$fails" = 0 ] && echo "ckpt sharded kill: ok"
+# SIGTERM: the step under way finishes and its checkpoint goes to the dir, named on stderr
+d="$dir/term"
+"$bin" run "$job" --no-peak --no-progress --set job.steps=1000000 --set checkpoint.dir="$d" \
+  >"$d.log" 2>"$d.err" &
+pid=$!
+i=0
+while [ "$i" -lt 100 ] && ! grep -q "^step" "$d.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
+kill -TERM "$pid"
+wait "$pid"
+code=$?
+[ "$code" = 143 ] || fail "SIGTERM: exit $code"
+at=$(sed -n 's/.*checkpoint written to .*\/step-0*\([0-9][0-9]*\) (resume with \[checkpoint\] load = latest)$/\1/p' "$d.err")
+[ -n "$at" ] && [ -f "$d/step-$(printf %06d "$at")/index.json" ] ||
+  { fail "SIGTERM: no checkpoint named and written"; cat "$d.err"; }
+"$bin" run "$job" --no-peak --no-progress --set job.steps=$((at + 1)) --set checkpoint.dir="$d" \
+  --set checkpoint.load=latest >"$d.resume.log" 2>&1 &&
+  grep -q "resumed from latest at step $at" "$d.resume.log" || fail "SIGTERM: its checkpoint does not resume"
+[ "$fails" = 0 ] && echo "ckpt sharded kill: ok (and SIGTERM)"
