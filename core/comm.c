@@ -164,6 +164,10 @@ static const char *call_where(const tsr_call *c, const char *label, char *buf, s
   return buf;
 }
 
+const char *tsr_call_where(const tsr_call *call, char *buf, size_t len) {
+  return call_where(call, NULL, buf, len);
+}
+
 /* Whether two members made the same call. all_to_all counts legitimately differ per member and
  * are cross-checked separately. */
 static bool call_same(const tsr_call *a, const tsr_call *b, int n) {

@@ -53,6 +53,10 @@ struct tsr_call {
   tsr_breadcrumb crumb;
 };
 
+/* " in plugin P, optimizer hook H (before step), step 2": what the caller of `call` was running,
+ * as mismatch messages give it; "" for a call that carries no breadcrumb. */
+const char *tsr_call_where(const tsr_call *call, char *buf, size_t len);
+
 /* Backend entry points. Called only for groups of two or more members with arguments already
  * checked. On failure the backend leaves the message in this thread's last error. */
 struct tsr_comm_iface {

@@ -161,6 +161,53 @@ static bool find_missing(local_group *lg, uint64_t gen, bool *missing) {
   return exited;
 }
 
+/* ---- Where each rank is ---- */
+
+static local_rank *rank_of(const tsr_group_t *g, int member) {
+  return &((local_rank *)g->comm->context)->w->ranks[g->ranks[member]];
+}
+
+/* Records that this rank waits in `call` (or, waiting = false, no longer does). */
+static void where_set(tsr_group_t *g, const tsr_call *call, bool waiting) {
+  local_rank *lr = rank_of(g, g->index);
+  pthread_mutex_lock(&lr->where_mu);
+  if (waiting) {
+    lr->where = *call;
+    lr->where.counts = lr->where.recv_counts = NULL; /* the caller's arrays do not outlive it */
+    lr->where.send = lr->where.recv = NULL;
+    lr->called = true;
+  }
+  lr->waiting = waiting;
+  pthread_mutex_unlock(&lr->where_mu);
+}
+
+/* "; rank 3 waits in all_gather on group 'tp' in op linear (forward), step 2" for each missing
+ * member (the first few): where the ranks that never arrived are instead, which names the
+ * collective a plugin callback made on one side only. */
+static void describe_missing(const tsr_group_t *g, const bool *missing, char *buf, size_t len) {
+  size_t pos = strlen(buf);
+  int shown = 0;
+  for (int i = 0; i < g->n && shown < 4 && pos + 1 < len; i++) {
+    if (!missing[i]) continue;
+    local_rank *lr = rank_of(g, i);
+    char where[384] = "";
+    pthread_mutex_lock(&lr->where_mu);
+    tsr_call c = lr->where;
+    bool waiting = lr->waiting, called = lr->called;
+    pthread_mutex_unlock(&lr->where_mu);
+    if (called) tsr_call_where(&c, where, sizeof where);
+    int w;
+    if (!called)
+      w = snprintf(buf + pos, len - pos, "; rank %d has made no collective call", g->ranks[i]);
+    else
+      w = snprintf(buf + pos, len - pos, "; rank %d %s %s on group '%s'%s", g->ranks[i],
+                   waiting ? "waits in" : "is in no collective, its last was",
+                   tsr_coll_name(c.kind), c.label ? c.label : "?", where);
+    pos += w > 0 ? (size_t)w : 0;
+    shown++;
+  }
+}
+
 /* ---- Rendezvous ---- */
 
 tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
@@ -174,6 +221,7 @@ tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
                      g->label);
   struct timespec deadline = deadline_after(g->comm->timeout_s);
   tsr_status st = TSR_OK;
+  where_set(g, call, true);
   pthread_mutex_lock(&lg->mu);
   if (lg->broken) {
     st = broken_error(g, tsr_call_format(call, g->n, what, sizeof what));
@@ -221,12 +269,14 @@ tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
                "is unusable from now on",
                what, g->label, tsr_ranks_format(g->n, g->ranks, rs, sizeof rs),
                (unsigned long long)seq, g->comm->timeout_s, who);
+      describe_missing(g, missing, msg, sizeof msg);
       group_break(lg, TSR_ETIMEDOUT, msg);
     }
   }
   if (lg->verdict != TSR_OK) st = tsr_error(lg->verdict, "%s", lg->verdict_msg);
 cleanup:
   pthread_mutex_unlock(&lg->mu);
+  where_set(g, call, false);
   free(missing);
   return st;
 }
@@ -613,7 +663,10 @@ static tsr_status launch_error(const local_world *w) {
 
 static void world_destroy(local_world *w) {
   if (!w) return;
-  for (int i = 0; w->ranks && i < w->world; i++) tsr_comm_destroy(w->ranks[i].comm);
+  for (int i = 0; w->ranks && i < w->world; i++) {
+    tsr_comm_destroy(w->ranks[i].comm);
+    if (w->ranks[i].w) pthread_mutex_destroy(&w->ranks[i].where_mu);
+  }
   for (int i = 0; i < w->n_groups; i++) group_destroy(w->groups[i]);
   pthread_mutex_destroy(&w->mu);
   free(w->groups);
@@ -654,6 +707,7 @@ tsr_status tsr_local_launch(int world, double timeout_s, tsr_rank_fn fn, void *a
     local_rank *lr = &w->ranks[r];
     lr->w = w;
     lr->rank = r;
+    pthread_mutex_init(&lr->where_mu, NULL);
     lr->fn = fn;
     lr->arg = arg;
     TSR_CHECK_GOTO(tsr_comm_create(&local_iface, lr, r, world, timeout_s, &lr->comm), st);

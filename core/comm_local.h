@@ -85,6 +85,11 @@ typedef struct local_rank {
   tsr_status status;
   char msg[2048];
   uint64_t failed_ns; /* when its error was written (tsr_last_error_ns), or it returned */
+  /* Where the rank is, for a peer's timeout message: the collective it waits in (waiting) or
+   * made last, with its caller's breadcrumb. Guarded by where_mu: peers read it. */
+  pthread_mutex_t where_mu;
+  tsr_call where;
+  bool waiting, called;
 } local_rank;
 
 struct local_world {

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "tessera/breadcrumb.h"
 #include "tessera/comm.h"
 
 #define EXPECT(cond, ...)                                                                          \
@@ -579,6 +580,45 @@ static void test_timeout(void **state) {
   expect_msg(&o, 2, "broken");
 }
 
+/* Rank 1, in a (pretend) gradient hook, waits in an all-gather on a group rank 0 never uses,
+ * while rank 0 waits in the all-reduce rank 1 never makes: rank 0's timeout names where rank 1
+ * is instead, hook and all, and that rank 2 has made no collective call. */
+static tsr_status rank_elsewhere(tsr_comm_t *c, void *arg) {
+  outcome *o = arg;
+  tsr_group_t *g = NULL, *pair = NULL;
+  TSR_CHECK(world_group(c, "dp", &g));
+  int r = tsr_comm_rank(c), ranks[2] = {1, 2};
+  float x[4] = {0}, y[8];
+  double t0 = now_s();
+  if (r == 1) {
+    TSR_CHECK(tsr_comm_group(c, 2, ranks, "fk", &pair));
+    tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter("fk", "gradient hook", "fk.sync", "ready");
+    record(o, c, tsr_comm_all_gather(pair, x, 4, y, NULL, TSR_F32), t0);
+    tsr_breadcrumb_leave(&crumb);
+    sleep_s(2.0); /* alive past rank 0's timeout, so that it times out rather than sees it gone */
+    return TSR_OK;
+  }
+  if (r == 2) {
+    sleep_s(2.0);
+    return TSR_OK;
+  }
+  record(o, c, tsr_comm_all_reduce(g, x, x, 4, TSR_F32, TSR_REDUCE_SUM), t0);
+  return TSR_OK;
+}
+
+static void test_timeout_names_where(void **state) {
+  (void)state;
+  outcome o = {0};
+  tsr_local_launch(3, 0.2, rank_elsewhere, &o);
+  assert_int_equal(o.st[0], TSR_ETIMEDOUT);
+  expect_msg(&o, 0, "ranks 1, 2 never arrived");
+  /* rank 1's own wait times out at about the same moment: it waits in the all-gather, or has
+   * just left it */
+  expect_msg(&o, 0, "; rank 1 ");
+  expect_msg(&o, 0, " all_gather on group 'fk' in plugin fk, gradient hook fk.sync (ready)");
+  expect_msg(&o, 0, "; rank 2 has made no collective call");
+}
+
 /* Rank 2 fails and returns before its first collective: the others must not wait for it. */
 static tsr_status rank_early_exit(tsr_comm_t *c, void *arg) {
   outcome *o = arg;
@@ -841,6 +881,7 @@ int main(void) {
       cmocka_unit_test(test_mismatch),
       cmocka_unit_test(test_all_to_all_mismatch),
       cmocka_unit_test(test_timeout),
+      cmocka_unit_test(test_timeout_names_where),
       cmocka_unit_test(test_early_exit),
       cmocka_unit_test(test_first_failure_reported),
       cmocka_unit_test(test_p2p_errors),
