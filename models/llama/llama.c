@@ -469,50 +469,6 @@ tsr_var *tsr_llama_param(tsr_llama_t *m, int i) {
 const char *tsr_llama_param_name(const tsr_llama_t *m, int i) {
   return m->names[i];
 }
-/* Which stacked expert weight parameter i is: 1 for w13, 2 for w2, 0 for any other. */
-static int stacked_kind(const tsr_llama_t *m, int i) {
-  const tsr_var *v = m->params[i];
-  for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
-    if (m->layers[l].w13 == v) return 1;
-    if (m->layers[l].w2 == v) return 2;
-  }
-  return 0;
-}
-
-int tsr_llama_hf_count(const tsr_llama_t *m, int i) {
-  int kind = stacked_kind(m, i), E = m->cfg.num_local_experts;
-  return kind == 1 ? 2 * E : kind == 2 ? E : 1;
-}
-
-void tsr_llama_hf_tensor(const tsr_llama_t *m, int i, int j, char *buf, size_t len, int64_t *offset,
-                         int *ndim, int64_t *shape) {
-  const tsr_dtensor *v = m->params[i]->value;
-  int kind = stacked_kind(m, i);
-  if (!kind) {
-    snprintf(buf, len, "%s", m->names[i]);
-    *offset = 0;
-    *ndim = v->ndim;
-    for (int d = 0; d < v->ndim; d++) shape[d] = v->shape[d];
-    return;
-  }
-  /* "model.layers.N.block_sparse_moe.experts.w13": the prefix up to "experts." is Mixtral's */
-  const char *name = m->names[i];
-  int prefix = (int)(strstr(name, "experts.") - name) + (int)strlen("experts.");
-  int64_t rows = v->shape[1], cols = v->shape[2], per = rows * cols;
-  *ndim = 2;
-  shape[1] = cols;
-  if (kind == 1) { /* expert j / 2: w1 is its first half of rows, w3 its second */
-    int e = j / 2;
-    snprintf(buf, len, "%.*s%d.%s.weight", prefix, name, e, j % 2 ? "w3" : "w1");
-    shape[0] = rows / 2;
-    *offset = e * per + (j % 2) * (rows / 2) * cols;
-  } else {
-    snprintf(buf, len, "%.*s%d.w2.weight", prefix, name, j);
-    shape[0] = rows;
-    *offset = j * per;
-  }
-}
-
 tsr_var *tsr_llama_tied_replica(tsr_llama_t *m) {
   return m->tied_head;
 }
