@@ -57,12 +57,13 @@ TSR_API int64_t tsr_registry_redistribute_uses(const tsr_registry_t *reg, int i)
 #define TSR_OP_ADD           "add"           /* (a, b) -> a + b */
 #define TSR_OP_SWIGLU        "swiglu"        /* (gate, up) -> silu(gate) * up */
 #define TSR_OP_CROSS_ENTROPY "cross_entropy" /* (logits (B, L, V), labels (B, L) i32) -> () */
-/* Since ABI 1.2: the sparse mixture-of-experts block (tessera/ops.h). */
-#define TSR_OP_MOE_ROUTER "moe_router" /* (logits (B, L, E)) -> (combine (B, L, E), stats (2, E))  \
-                                        */
-#define TSR_OP_MOE_EXPERTS "moe_experts"   /* (x (B, L, C), combine, w13 (E, 2I, C), w2 (E, C, I)) \
-                                            */
-#define TSR_OP_MOE_AUX_LOSS "moe_aux_loss" /* (stats (2, E)) -> () */
+/* Since ABI 1.2, the sparse mixture-of-experts block (tessera/ops.h):
+ *   moe_router   (logits (B, L, E)) -> (combine (B, L, E), stats (2, E))
+ *   moe_experts  (x (B, L, C), combine (B, L, E), w13 (E, 2I, C), w2 (E, C, I)) -> (B, L, C)
+ *   moe_aux_loss (stats (2, E)) -> () */
+#define TSR_OP_MOE_ROUTER   "moe_router"
+#define TSR_OP_MOE_EXPERTS  "moe_experts"
+#define TSR_OP_MOE_AUX_LOSS "moe_aux_loss"
 
 /* The Llama model's modules. "embedding" also lays out the model's data on each dim: its `input`
  * is the placement of the token ids and of the labels (B, L), its `output` that of the hidden
