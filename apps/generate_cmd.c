@@ -10,6 +10,7 @@
 #include "app.h"
 #include "hf.h"
 #include "llama_generate.h"
+#include "tessera/comm.h"
 #include "tessera/kernels.h"
 #include "tessera/tokenizer.h"
 #include "train.h"
@@ -17,7 +18,8 @@
 static const char generate_usage[] =
     "usage: tessera generate MODEL (--prompt TEXT | --prompt-ids IDS) [options]\n"
     "\n"
-    "Continues a prompt on one rank, with a KV cache (docs/generate.md). MODEL is a Hugging Face\n"
+    "Continues a prompt, with a KV cache, on one rank or under --tp (docs/generate.md). MODEL is a "
+    "Hugging Face\n"
     "folder (config.json and safetensors weights), or a job file: its [model] keys (and a\n"
     "folder's config.json when [checkpoint] load names one) and the weights of [checkpoint]\n"
     "save when that file exists, else of [checkpoint] load.\n"
@@ -38,6 +40,8 @@ static const char generate_usage[] =
     "                       else config.json's eos_token_id\n"
     "  --ignore-eos         never stop before --max-tokens\n"
     "  --no-cache           recompute the whole sequence for every token (for measurement)\n"
+    "  --tp N               tensor parallelism over N ranks (threads of this process): each\n"
+    "                       holds its heads and its slice of the MLP (N divides the head counts)\n"
     "  --print-ids          print the new tokens' ids instead of their text\n"
     "  --stats              print the prompt's and the new tokens' tokens/s on stderr\n"
     "\n"
@@ -49,7 +53,7 @@ typedef struct gen_opts {
   bool no_bos, ignore_eos, no_cache, print_ids, stats;
   long max_tokens;
   double temperature, top_p;
-  long top_k;
+  long top_k, tp;
   unsigned long long seed;
   int32_t eos[16];
   int neos;
@@ -119,6 +123,10 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
       if (!parse_num(v, 0, 1e9, &x) || x != floor(x))
         return bad_arg("--top-k: not an integer >= 0:", v);
       o->top_k = (long)x;
+    } else if (!strcmp(a, "--tp")) {
+      if (!parse_num(v, 1, 64, &x) || x != floor(x))
+        return bad_arg("--tp: not an integer in 1 .. 64:", v);
+      o->tp = (long)x;
     } else if (!strcmp(a, "--top-p")) {
       if (!parse_num(v, 0, 1, &x) || x == 0) return bad_arg("--top-p: not in (0, 1]:", v);
       o->top_p = x;
@@ -301,6 +309,81 @@ static tsr_status parse_ids(const char *s, int32_t **ids, int *n, int V) {
   return TSR_OK;
 }
 
+/* One generation, shared by the ranks of a --tp run; rank 0 (or the one rank) fills the
+ * results. */
+typedef struct gen_run {
+  const gen_opts *o;
+  const tsr_llama_config *mc;
+  int nt;
+  const char *const *names;
+  const tsr_tensor *const *ts;
+  const int32_t *prompt;
+  int np, total;
+  int32_t *seq; /* (total): the prompt and the new tokens */
+  int ngen;
+  double t_prompt, t_all;
+} gen_run;
+
+/* The prompt, then a token at a time until max_tokens or an end token. Under tp every rank runs
+ * the same steps; rank 0 samples and broadcasts each token. */
+static tsr_status run_gen(gen_run *c, tsr_group_t *grp) {
+  const gen_opts *o = c->o;
+  int V = c->mc->vocab_size;
+  bool lead = !grp || tsr_group_index(grp) == 0;
+  tsr_llama_gen *g = NULL;
+  int32_t *seq = malloc((size_t)c->total * sizeof *seq);
+  float *logits = malloc((size_t)V * sizeof *logits);
+  cand *cands = malloc((size_t)V * sizeof *cands);
+  double *probs = malloc((size_t)V * sizeof *probs);
+  tsr_status s =
+      seq && logits && cands && probs ? TSR_OK : TSR_ERROR(TSR_ENOMEM, "generate: out of memory");
+  if (s == TSR_OK) s = tsr_llama_gen_new_tp(c->mc, c->nt, c->names, c->ts, c->total, grp, &g);
+  int ngen = 0;
+  double t0 = now_s(), t_prompt = 0;
+  if (s == TSR_OK) {
+    memcpy(seq, c->prompt, (size_t)c->np * sizeof *seq);
+    uint64_t rng = o->seed;
+    s = tsr_llama_gen_step(g, seq, c->np, logits);
+    t_prompt = now_s() - t0;
+    for (int len = c->np; s == TSR_OK && ngen < o->max_tokens; len++) {
+      int32_t next = lead ? sample(o, logits, V, cands, probs, &rng) : 0;
+      if (grp) s = tsr_comm_broadcast(grp, &next, 1, TSR_I32, 0);
+      if (s != TSR_OK) break;
+      seq[len] = next;
+      ngen++;
+      bool stop = false;
+      for (int e = 0; e < o->neos; e++) stop |= next == o->eos[e];
+      if (stop || ngen == o->max_tokens) break;
+      if (o->no_cache) {
+        tsr_llama_gen_reset(g);
+        s = tsr_llama_gen_step(g, seq, len + 1, logits);
+      } else {
+        s = tsr_llama_gen_step(g, &seq[len], 1, logits);
+      }
+    }
+  }
+  if (s == TSR_OK && lead) {
+    memcpy(c->seq, seq, (size_t)(c->np + ngen) * sizeof *seq);
+    c->ngen = ngen;
+    c->t_prompt = t_prompt;
+    c->t_all = now_s() - t0;
+  }
+  tsr_llama_gen_free(g);
+  free(seq);
+  free(logits);
+  free(cands);
+  free(probs);
+  return s;
+}
+
+static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
+  int n = tsr_comm_world(comm), ranks[TSR_LOCAL_MAX_RANKS];
+  for (int i = 0; i < n; i++) ranks[i] = i;
+  tsr_group_t *grp = NULL;
+  TSR_CHECK(tsr_comm_group(comm, n, ranks, "tp", &grp));
+  return run_gen(arg, grp);
+}
+
 int tsr_cmd_generate(int argc, char **argv) {
   if (tsr_app_wants_help(argc, argv)) {
     fputs(generate_usage, stdout);
@@ -367,6 +450,16 @@ int tsr_cmd_generate(int argc, char **argv) {
     if (e >= 0) o.eos[o.neos++] = e;
     for (int i = 0; e < 0 && have_hc && i < hc.neos; i++) o.eos[o.neos++] = hc.eos_token_id[i];
   }
+  int kvh = mc.num_key_value_heads ? mc.num_key_value_heads : mc.num_attention_heads;
+  if (o.tp > 1 && (mc.num_attention_heads % o.tp || kvh % o.tp)) {
+    free(prompt);
+    tsr_tokenizer_free(tok);
+    tsr_error(TSR_EINVAL,
+              "--tp %ld must divide num_attention_heads %d and num_key_value_heads %d (each rank "
+              "runs whole heads)",
+              o.tp, mc.num_attention_heads, kvh);
+    return fail(TSR_EINVAL);
+  }
   int total = np + (int)o.max_tokens;
   if (have_hc && hc.sliding_window > 0 && total > hc.sliding_window) {
     free(prompt);
@@ -377,52 +470,36 @@ int tsr_cmd_generate(int argc, char **argv) {
               hc.path, (long long)hc.sliding_window, total);
     return fail(TSR_EINVAL);
   }
-  /* the weights and the generator */
+  /* the weights, then the generator on one rank or on --tp ranks (threads of this process) */
   tsr_hf_tensor *specs = NULL;
   tsr_tensor **ts = NULL;
   int nt = 0;
-  tsr_llama_gen *g = NULL;
-  int32_t *seq = NULL;
-  float *logits = NULL;
-  cand *cands = NULL;
-  double *probs = NULL;
   const char **names = NULL;
-  tsr_kernel_set_threads(tsr_kernel_num_cores());
-  s = load_weights(weights, &mc, &specs, &nt, &ts);
-  if (s == TSR_OK) {
-    names = calloc((size_t)nt + 1, sizeof *names);
-    seq = malloc((size_t)total * sizeof *seq);
-    logits = malloc((size_t)mc.vocab_size * sizeof *logits);
-    cands = malloc((size_t)mc.vocab_size * sizeof *cands);
-    probs = malloc((size_t)mc.vocab_size * sizeof *probs);
-    if (!names || !seq || !logits || !cands || !probs)
-      s = TSR_ERROR(TSR_ENOMEM, "generate: out of memory");
-  }
+  int32_t *seq = malloc((size_t)total * sizeof *seq);
+  int threads = tsr_kernel_num_cores();
+  if (o.tp > 1) threads = tsr_kernel_thread_budget(threads, (int)o.tp);
+  tsr_kernel_set_threads(threads);
+  s = seq ? load_weights(weights, &mc, &specs, &nt, &ts)
+          : TSR_ERROR(TSR_ENOMEM, "generate: out of memory");
+  if (s == TSR_OK && !(names = calloc((size_t)nt + 1, sizeof *names)))
+    s = TSR_ERROR(TSR_ENOMEM, "generate: out of memory");
   for (int i = 0; s == TSR_OK && i < nt; i++) names[i] = specs[i].name;
-  if (s == TSR_OK) s = tsr_llama_gen_new(&mc, nt, names, (const tsr_tensor *const *)ts, total, &g);
-  int ngen = 0;
-  double t0 = now_s(), t_prompt = 0;
-  if (s == TSR_OK) {
-    memcpy(seq, prompt, (size_t)np * sizeof *seq);
-    uint64_t rng = o.seed;
-    s = tsr_llama_gen_step(g, seq, np, logits);
-    t_prompt = now_s() - t0;
-    for (int len = np; s == TSR_OK && ngen < o.max_tokens; len++) {
-      int32_t next = sample(&o, logits, mc.vocab_size, cands, probs, &rng);
-      seq[len] = next;
-      ngen++;
-      bool stop = false;
-      for (int e = 0; e < o.neos; e++) stop |= next == o.eos[e];
-      if (stop || ngen == o.max_tokens) break;
-      if (o.no_cache) {
-        tsr_llama_gen_reset(g);
-        s = tsr_llama_gen_step(g, seq, len + 1, logits);
-      } else {
-        s = tsr_llama_gen_step(g, &seq[len], 1, logits);
-      }
-    }
-  }
-  double t_all = now_s() - t0;
+  gen_run run = {.o = &o,
+                 .mc = &mc,
+                 .nt = nt,
+                 .names = names,
+                 .ts = (const tsr_tensor *const *)ts,
+                 .prompt = prompt,
+                 .np = np,
+                 .total = total,
+                 .seq = seq};
+  if (s == TSR_OK && o.tp > 1)
+    s = tsr_local_launch((int)o.tp, 600, run_rank, &run);
+  else if (s == TSR_OK)
+    s = run_gen(&run, NULL);
+  int ngen = run.ngen;
+  double t_prompt = run.t_prompt;
+  double t_all = run.t_all;
   if (s == TSR_OK) {
     if (o.print_ids) {
       for (int i = 0; i < ngen; i++) printf("%s%d", i ? " " : "", (int)seq[np + i]);
@@ -437,20 +514,17 @@ int tsr_cmd_generate(int argc, char **argv) {
       double t_gen = t_all - t_prompt;
       fprintf(stderr,
               "generate: prompt %d tokens in %.3f s (%.1f tokens/s); %d new tokens in %.3f s "
-              "(%.1f tokens/s, KV cache %s)\n",
+              "(%.1f tokens/s, KV cache %s, tp %d)\n",
               np, t_prompt, np / (t_prompt > 0 ? t_prompt : 1e-9), ngen, t_gen,
-              ngen > 1 ? (ngen - 1) / (t_gen > 0 ? t_gen : 1e-9) : 0.0, o.no_cache ? "off" : "on");
+              ngen > 1 ? (ngen - 1) / (t_gen > 0 ? t_gen : 1e-9) : 0.0, o.no_cache ? "off" : "on",
+              (int)(o.tp > 1 ? o.tp : 1));
     }
   }
-  tsr_llama_gen_free(g);
   for (int i = 0; ts && i < nt; i++) tsr_tensor_free(ts[i]);
   free(ts);
   free(specs);
   free(names);
   free(seq);
-  free(logits);
-  free(cands);
-  free(probs);
   free(prompt);
   tsr_tokenizer_free(tok);
   return s == TSR_OK ? TSR_EXIT_OK : fail(s);

@@ -7,7 +7,8 @@
 # intermediate 1408, vocab 32000, untied; TOKENS=N sets the new tokens, default 128) from a
 # random start to get a checkpoint, then continues a 32-token prompt greedily for N new tokens
 # twice: with the KV cache (each new token runs one position) and with --no-cache (each new
-# token runs the whole sequence again). Prints both lines of --stats and the speed-up. The
+# token runs the whole sequence again), and with the cache under --tp 2 (two ranks, threads of
+# this process, splitting the cores). Prints the --stats lines and the cache's speed-up. The
 # continuations are the same with and without the cache (checked).
 set -eu
 build=${1:-build}
@@ -40,14 +41,16 @@ save = model.safetensors
 INI
 "$tessera" run "$dir/job.ini" --no-peak >/dev/null
 prompt=$(seq 1 32 | tr '\n' ',')
-for mode in cache no-cache; do
+for mode in cache no-cache tp2; do
   flag=""
   [ $mode = no-cache ] && flag=--no-cache
+  [ $mode = tp2 ] && flag="--tp 2"
   "$tessera" generate "$dir/job.ini" --prompt-ids "$prompt" --max-tokens "$tokens" \
     --ignore-eos --print-ids --stats $flag >"$dir/$mode.ids" 2>"$dir/$mode.txt"
   cat "$dir/$mode.txt"
 done
 cmp -s "$dir/cache.ids" "$dir/no-cache.ids" || { echo "bench_generate.sh: continuations differ" >&2; exit 1; }
+cmp -s "$dir/cache.ids" "$dir/tp2.ids" || echo "bench_generate.sh: tp 2 continued differently (rounding)" >&2
 a=$(sed -n 's/.*new tokens in .* s (\([0-9.]*\) tokens\/s.*/\1/p' "$dir/cache.txt")
 b=$(sed -n 's/.*new tokens in .* s (\([0-9.]*\) tokens\/s.*/\1/p' "$dir/no-cache.txt")
 echo "KV cache: $a tokens/s, without: $b tokens/s ($(echo "$a $b" | awk '{printf "%.1f", $1 / $2}')x), $tokens new tokens after 32, $(nproc) cores"

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tessera/comm.h"
 #include "tessera/kernels.h"
 
 typedef struct gen_layer {
@@ -18,6 +19,10 @@ typedef struct gen_layer {
 
 struct tsr_llama_gen {
   tsr_llama_config cfg;
+  tsr_group_t *group; /* tensor parallelism: NULL on one rank */
+  int tp, tpr;        /* its size and this rank's index */
+  float **owned;      /* column slices copied out of the weights */
+  int nowned;
   int max_len, len;
   int C, V, I, H, Hkv, D, Q, KV, E;
   const float *embed, *norm, *lm_head;
@@ -29,10 +34,9 @@ struct tsr_llama_gen {
   int32_t *pos, *tok;
 };
 
-static const float *find(const tsr_llama_config *cfg, int n, const char *const *names,
-                         const tsr_tensor *const *ts, const char *name, int64_t r, int64_t c,
-                         tsr_status *st) {
-  (void)cfg;
+/* Weight `name`, checked to be (r, c) (c = 0: a vector), f32, contiguous, on the CPU. */
+static const float *find(int n, const char *const *names, const tsr_tensor *const *ts,
+                         const char *name, int64_t r, int64_t c, tsr_status *st) {
   if (*st != TSR_OK) return NULL;
   for (int i = 0; i < n; i++) {
     if (strcmp(names[i], name)) continue;
@@ -53,6 +57,29 @@ static const float *find(const tsr_llama_config *cfg, int n, const char *const *
   return NULL;
 }
 
+/* Rows [r0, r0 + nr) of a (r, c) weight: a pointer into it. */
+static const float *rows_of(const float *w, int64_t c, int64_t r0) {
+  return w ? w + r0 * c : NULL;
+}
+
+/* Columns [c0, c0 + nc) of a (r, c) weight, copied (the generator owns the copy). */
+static const float *cols_of(tsr_llama_gen *g, const float *w, int64_t r, int64_t c, int64_t c0,
+                            int64_t nc, tsr_status *st) {
+  if (!w || *st != TSR_OK) return NULL;
+  if (c0 == 0 && nc == c) return w;
+  float **list = realloc(g->owned, ((size_t)g->nowned + 1) * sizeof *list);
+  float *out = malloc((size_t)(r * nc) * sizeof *out);
+  if (list) g->owned = list;
+  if (!list || !out) {
+    free(out);
+    *st = TSR_ERROR(TSR_ENOMEM, "generate: out of memory slicing the weights");
+    return NULL;
+  }
+  g->owned[g->nowned++] = out;
+  for (int64_t i = 0; i < r; i++) memcpy(out + i * nc, w + i * c + c0, (size_t)nc * sizeof *out);
+  return out;
+}
+
 void tsr_llama_gen_free(tsr_llama_gen *g) {
   if (!g) return;
   for (int l = 0; g->layers && l < g->cfg.num_hidden_layers; l++) {
@@ -65,6 +92,8 @@ void tsr_llama_gen_free(tsr_llama_gen *g) {
                    g->att,   g->tmp,  g->g,     g->u,    g->cos_t,    g->sin_t,
                    g->rlog,  g->comb, g->probs, g->rows, g->rows_out, g->last};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+  for (int i = 0; i < g->nowned; i++) free(g->owned[i]);
+  free(g->owned);
   free(g->pos);
   free(g->tok);
   free(g);
@@ -78,66 +107,94 @@ static float *fbuf(size_t n, bool *oom) {
 
 tsr_status tsr_llama_gen_new(const tsr_llama_config *cfg, int n, const char *const *names,
                              const tsr_tensor *const *tensors, int max_len, tsr_llama_gen **out) {
+  return tsr_llama_gen_new_tp(cfg, n, names, tensors, max_len, NULL, out);
+}
+
+tsr_status tsr_llama_gen_new_tp(const tsr_llama_config *cfg, int n, const char *const *names,
+                                const tsr_tensor *const *tensors, int max_len, tsr_group_t *tp,
+                                tsr_llama_gen **out) {
   *out = NULL;
   TSR_CHECK(tsr_llama_config_check(cfg));
   if (max_len < 1) return tsr_error(TSR_EINVAL, "generate: max_len %d must be positive", max_len);
+  int ntp = tp ? tsr_group_size(tp) : 1, r = tp ? tsr_group_index(tp) : 0;
+  int H = cfg->num_attention_heads,
+      Hkv = cfg->num_key_value_heads ? cfg->num_key_value_heads : cfg->num_attention_heads;
+  if (H % ntp || Hkv % ntp)
+    return tsr_error(TSR_EINVAL,
+                     "generate: tp %d must divide num_attention_heads %d and num_key_value_heads "
+                     "%d (each rank runs whole heads)",
+                     ntp, H, Hkv);
+  if (cfg->intermediate_size < ntp)
+    return tsr_error(TSR_EINVAL, "generate: tp %d is more than intermediate_size %d", ntp,
+                     cfg->intermediate_size);
   tsr_llama_gen *g = calloc(1, sizeof *g);
   if (!g) return TSR_ERROR(TSR_ENOMEM, "generate: out of memory");
   g->cfg = *cfg;
+  g->group = ntp > 1 ? tp : NULL;
+  g->tp = ntp;
+  g->tpr = r;
   g->max_len = max_len;
   g->C = cfg->hidden_size;
   g->V = cfg->vocab_size;
-  g->I = cfg->intermediate_size;
-  g->H = cfg->num_attention_heads;
-  g->Hkv = cfg->num_key_value_heads ? cfg->num_key_value_heads : cfg->num_attention_heads;
-  g->D = g->C / g->H;
+  g->D = g->C / H;
+  /* Megatron's split: this rank's heads (rows of q, k, v; columns of o) and its slice of the
+   * MLP's width (rows of gate and up, columns of down; the same for each expert); embeddings,
+   * norms, the router and lm_head whole on every rank */
+  int64_t I = cfg->intermediate_size, i0 = tsr_chunk_start(I, ntp, r);
+  g->I = (int)tsr_chunk_size(I, ntp, r);
+  g->H = H / ntp;
+  g->Hkv = Hkv / ntp;
   g->Q = g->H * g->D;
   g->KV = g->Hkv * g->D;
   g->E = cfg->num_local_experts;
   tsr_status st = TSR_OK;
-  int L = cfg->num_hidden_layers, C = g->C, V = g->V, I = g->I, Q = g->Q, KV = g->KV, E = g->E;
-  g->embed = find(cfg, n, names, tensors, "model.embed_tokens.weight", V, C, &st);
-  g->norm = find(cfg, n, names, tensors, "model.norm.weight", C, 0, &st);
-  g->lm_head = cfg->tie_word_embeddings ? g->embed
-                                        : find(cfg, n, names, tensors, "lm_head.weight", V, C, &st);
+  int L = cfg->num_hidden_layers, C = g->C, V = g->V, Q = g->Q, KV = g->KV, E = g->E;
+  int64_t Qf = (int64_t)H * g->D, KVf = (int64_t)Hkv * g->D;
+  g->embed = find(n, names, tensors, "model.embed_tokens.weight", V, C, &st);
+  g->norm = find(n, names, tensors, "model.norm.weight", C, 0, &st);
+  g->lm_head =
+      cfg->tie_word_embeddings ? g->embed : find(n, names, tensors, "lm_head.weight", V, C, &st);
   g->layers = calloc((size_t)L, sizeof *g->layers);
   if (!g->layers) st = TSR_ERROR(TSR_ENOMEM, "generate: out of memory");
   bool oom = false;
   g->cache = st == TSR_OK ? fbuf((size_t)L * 2 * (size_t)max_len * (size_t)KV, &oom) : NULL;
   char nm[192];
-#define W(field, r, c, ...)                                                                        \
-  do {                                                                                             \
-    snprintf(nm, sizeof nm, __VA_ARGS__);                                                          \
-    field = find(cfg, n, names, tensors, nm, r, c, &st);                                           \
-  } while (0)
+#define W(r_, c_, ...)                                                                             \
+  (snprintf(nm, sizeof nm, __VA_ARGS__), find(n, names, tensors, nm, r_, c_, &st))
   for (int l = 0; l < L && st == TSR_OK && !oom; l++) {
     gen_layer *y = &g->layers[l];
-    W(y->q, Q, C, "model.layers.%d.self_attn.q_proj.weight", l);
-    W(y->k, KV, C, "model.layers.%d.self_attn.k_proj.weight", l);
-    W(y->v, KV, C, "model.layers.%d.self_attn.v_proj.weight", l);
-    W(y->o, C, Q, "model.layers.%d.self_attn.o_proj.weight", l);
-    W(y->in_norm, C, 0, "model.layers.%d.input_layernorm.weight", l);
-    W(y->post_norm, C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+    y->q = rows_of(W(Qf, C, "model.layers.%d.self_attn.q_proj.weight", l), C, (int64_t)r * Q);
+    y->k = rows_of(W(KVf, C, "model.layers.%d.self_attn.k_proj.weight", l), C, (int64_t)r * KV);
+    y->v = rows_of(W(KVf, C, "model.layers.%d.self_attn.v_proj.weight", l), C, (int64_t)r * KV);
+    y->o = cols_of(g, W(C, Qf, "model.layers.%d.self_attn.o_proj.weight", l), C, Qf, (int64_t)r * Q,
+                   Q, &st);
+    y->in_norm = W(C, 0, "model.layers.%d.input_layernorm.weight", l);
+    y->post_norm = W(C, 0, "model.layers.%d.post_attention_layernorm.weight", l);
     if (tsr_llama_layer_is_moe(cfg, l)) {
-      W(y->router, E, C, "model.layers.%d.block_sparse_moe.gate.weight", l);
+      y->router = W(E, C, "model.layers.%d.block_sparse_moe.gate.weight", l);
       y->w1 = calloc((size_t)E, sizeof *y->w1);
       y->w3 = calloc((size_t)E, sizeof *y->w3);
       y->w2 = calloc((size_t)E, sizeof *y->w2);
       if (!y->w1 || !y->w3 || !y->w2) oom = true;
       for (int e = 0; e < E && !oom; e++) {
-        W(y->w1[e], I, C, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
-        W(y->w3[e], I, C, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
-        W(y->w2[e], C, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+        y->w1[e] =
+            rows_of(W(I, C, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e), C, i0);
+        y->w3[e] =
+            rows_of(W(I, C, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e), C, i0);
+        y->w2[e] =
+            cols_of(g, W(C, I, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e), C, I,
+                    i0, g->I, &st);
       }
     } else {
-      W(y->gate, I, C, "model.layers.%d.mlp.gate_proj.weight", l);
-      W(y->up, I, C, "model.layers.%d.mlp.up_proj.weight", l);
-      W(y->down, C, I, "model.layers.%d.mlp.down_proj.weight", l);
+      y->gate = rows_of(W(I, C, "model.layers.%d.mlp.gate_proj.weight", l), C, i0);
+      y->up = rows_of(W(I, C, "model.layers.%d.mlp.up_proj.weight", l), C, i0);
+      y->down = cols_of(g, W(C, I, "model.layers.%d.mlp.down_proj.weight", l), C, I, i0, g->I, &st);
     }
     y->kc = g->cache + (size_t)l * 2 * (size_t)max_len * (size_t)KV;
     y->vc = y->kc + (size_t)max_len * (size_t)KV;
   }
 #undef W
+  int I_l = g->I;
   if (st == TSR_OK && !oom) {
     size_t T = (size_t)max_len, wide = (size_t)(Q > C ? Q : C);
     g->x = fbuf(T * (size_t)C, &oom);
@@ -147,8 +204,8 @@ tsr_status tsr_llama_gen_new(const tsr_llama_config *cfg, int n, const char *con
     g->vb = fbuf(T * (size_t)KV, &oom);
     g->att = fbuf(T * (size_t)Q, &oom);
     g->tmp = fbuf(T * wide, &oom);
-    g->g = fbuf(T * (size_t)I, &oom);
-    g->u = fbuf(T * (size_t)I, &oom);
+    g->g = fbuf(T * (size_t)I_l, &oom);
+    g->u = fbuf(T * (size_t)I_l, &oom);
     g->cos_t = fbuf(T * (size_t)g->D, &oom);
     g->sin_t = fbuf(T * (size_t)g->D, &oom);
     g->rlog = fbuf(T * (size_t)(E ? E : 1), &oom);
@@ -214,6 +271,12 @@ static void moe_block(tsr_llama_gen *g, const gen_layer *y, const float *h, floa
   }
 }
 
+/* Under tp: the sum over the ranks of their partial rows (T, C), in place. */
+static tsr_status reduce(tsr_llama_gen *g, float *x, int T) {
+  if (!g->group) return TSR_OK;
+  return tsr_comm_all_reduce(g->group, x, x, (size_t)T * (size_t)g->C, TSR_F32, TSR_REDUCE_SUM);
+}
+
 tsr_status tsr_llama_gen_step(tsr_llama_gen *g, const int32_t *ids, int T, float *logits) {
   if (T < 1) return tsr_error(TSR_EINVAL, "generate: a step needs at least one token");
   if (g->len + T > g->max_len)
@@ -244,6 +307,7 @@ tsr_status tsr_llama_gen_step(tsr_llama_gen *g, const int32_t *ids, int T, float
     free(lse_buf);
     TSR_CHECK(st);
     tsr_kernel_matmul_forward(g->tmp, g->att, y->o, NULL, T, Q, C);
+    TSR_CHECK(reduce(g, g->tmp, T));
     for (size_t i = 0; i < (size_t)T * C; i++) g->x[i] += g->tmp[i];
     tsr_kernel_rmsnorm_forward(g->h, rstd, g->x, y->post_norm, T, C, eps);
     if (y->router) {
@@ -254,6 +318,7 @@ tsr_status tsr_llama_gen_step(tsr_llama_gen *g, const int32_t *ids, int T, float
       tsr_kernel_swiglu_forward(g->g, g->g, g->u, (int64_t)T * I);
       tsr_kernel_matmul_forward(g->tmp, g->g, y->down, NULL, T, I, C);
     }
+    TSR_CHECK(reduce(g, g->tmp, T));
     for (size_t i = 0; i < (size_t)T * C; i++) g->x[i] += g->tmp[i];
   }
   /* only the last position's logits are wanted */

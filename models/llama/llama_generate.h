@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "llama.h"
+#include "tessera/comm.h"
 #include "tessera/tensor.h"
 
 #ifdef __cplusplus
@@ -28,6 +29,16 @@ typedef struct tsr_llama_gen tsr_llama_gen;
  * missing or of the wrong shape or dtype. */
 tsr_status tsr_llama_gen_new(const tsr_llama_config *cfg, int n, const char *const *names,
                              const tsr_tensor *const *tensors, int max_len, tsr_llama_gen **out);
+/* The same under tensor parallelism over the ranks of `tp` (NULL or a group of one: one rank),
+ * Megatron's split: each rank keeps its heads (rows of q_proj, k_proj, v_proj and columns of
+ * o_proj) and its chunk of the MLP width (rows of gate_proj and up_proj, columns of down_proj;
+ * the same of each expert's w1, w3 and w2), and sums the attention's and the MLP's outputs over
+ * the group (an all-reduce of (tokens, hidden) after each); embeddings, norms, the router and
+ * lm_head stay whole, so every rank ends a step with the same logits. Every rank of the group
+ * calls every function with the same arguments. tp must divide both head counts. */
+tsr_status tsr_llama_gen_new_tp(const tsr_llama_config *cfg, int n, const char *const *names,
+                                const tsr_tensor *const *tensors, int max_len, tsr_group_t *tp,
+                                tsr_llama_gen **out);
 /* NULL is a no-op. */
 void tsr_llama_gen_free(tsr_llama_gen *g);
 

@@ -18,4 +18,10 @@ if(TESSERA_PYTHON3)
     ${TESSERA_BIN} ${TESSERA_PYTHON3} ${E2E_OUT}/hf_layout ${GOLDEN}
     ${CMAKE_CURRENT_SOURCE_DIR}/hf_check.py)
   set_tests_properties(e2e_hf_layout PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "bf16: ok")
+  # an F16 folder (written by the checker) loads, converted to f32 exactly
+  add_test(NAME e2e_hf_f16
+    COMMAND sh -c "rm -rf \"$2\" && \"$0\" export \"$3/gqa/job.ini\" \"$2/f32\" && \"$1\" \"$4\" half \"$2/f32\" \"$2/f16\" && \"$0\" export \"$3/gqa/job.ini\" \"$2/back\" --checkpoint \"$2/f16\" && \"$1\" \"$4\" widened \"$2/back\" \"$2/f16\""
+    ${TESSERA_BIN} ${TESSERA_PYTHON3} ${E2E_OUT}/hf_f16 ${GOLDEN}
+    ${CMAKE_CURRENT_SOURCE_DIR}/hf_check.py)
+  set_tests_properties(e2e_hf_f16 PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "widened: ok")
 endif()

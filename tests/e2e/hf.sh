@@ -2,7 +2,8 @@
 # hf.sh TESSERA GOLDEN DIR MODE [TOKENIZERS]: Hugging Face folders and generation end to end
 # (docs/hf.md, docs/generate.md).
 #   generate   greedy continuations of the gqa, tied and moe golden models equal the PyTorch
-#              reference's (tests/golden/make_generate.py), with and without the KV cache
+#              reference's (tests/golden/make_generate.py), with and without the KV cache, on
+#              one rank and under tp 2 and 4
 #   roundtrip  in -> out -> in: a checkpoint exported (one file, then shards, f32) and read back
 #              (export of the folder, training from the folder) is bit-identical, and a job
 #              loading the folder takes the golden step
@@ -27,12 +28,12 @@ generate() {
     want=$(json_ids "$golden/$case/generate.json" greedy)
     prompt=$(json_ids "$golden/$case/generate.json" prompt)
     n=$(echo "$want" | wc -w)
-    for cache in "" --no-cache; do
+    for run in "--tp 1" "--tp 1 --no-cache" "--tp 2" "--tp 4 --no-cache"; do
       got=$("$bin" generate "$golden/$case/job.ini" --prompt-ids "$prompt" --max-tokens "$n" \
-        --ignore-eos --print-ids $cache) || die "$case $cache: exit $?"
-      [ "$got" = "$want" ] || die "$case $cache: got '$got', the reference '$want'"
+        --ignore-eos --print-ids $run) || die "$case $run: exit $?"
+      [ "$got" = "$want" ] || die "$case $run: got '$got', the reference '$want'"
     done
-    echo "hf generate $case: ok ($n tokens)"
+    echo "hf generate $case: ok ($n tokens; one rank and tp 2, 4; with and without the cache)"
   done
 }
 
@@ -109,15 +110,21 @@ errors() {
   rm -rf bad && cp -r ok bad && sed 's/"num_key_value_heads":[^,]*/"num_key_value_heads": 2/' ok/config.json >bad/config.json
   expect2 "shape" "bad/model.safetensors: tensor 'model.layers.0.self_attn.k_proj.weight' has shape" \
     "$bin" generate bad --prompt-ids 1,2 --print-ids
-  # a tensor of the wrong dtype: the golden batch file holds I32 tensors
-  rm -rf bad && mkdir bad && cp ok/config.json bad/ && cp "$golden/gqa/batch.safetensors" bad/model.safetensors
-  expect2 "dtype" "bad/model.safetensors: tensor 'input_ids' is I32\|bad/model.safetensors: no tensor" run bad
+  # a tensor of the wrong dtype: the embedding as I32 (a file written by hand: the 8-byte length,
+  # the header padded with spaces to a multiple of 8, the zero bytes of the tensor)
+  rm -rf bad && mkdir bad && cp ok/config.json bad/
+  hdr='{"model.embed_tokens.weight":{"dtype":"I32","shape":[256,64],"data_offsets":[0,65536]}}'
+  while [ $((${#hdr} % 8)) != 0 ]; do hdr="$hdr "; done
+  { printf "$(printf '\\%03o' ${#hdr})\000\000\000\000\000\000\000"; printf '%s' "$hdr"
+    head -c 65536 /dev/zero; } >bad/model.safetensors
+  expect2 "dtype" "bad/model.safetensors: tensor 'model.embed_tokens.weight' is I32" run bad
   [ ! -e d.safetensors ] || die "a failed run wrote its dump"
   # export: an MoE layout without an HF class, a bad checkpoint; nothing written
   expect2 "sparse step" "decoder_sparse_step" "$bin" export "$golden/moe_sparse/job.ini" none
   expect2 "export shape" "tensor 'model.layers.0.self_attn.k_proj.weight' has shape" \
     "$bin" export "$job" none --set model.num_key_value_heads=2
   [ ! -e none ] || die "a failed export wrote its folder"
+  expect2 "tp" "\-\-tp 3 must divide num_attention_heads 8" "$bin" generate ok --prompt-ids 1,2 --print-ids --tp 3
   echo "hf errors: ok"
 }
 

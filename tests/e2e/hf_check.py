@@ -9,6 +9,9 @@
   hf_check.py same A B          A and B (folders or safetensors files) hold the same tensors:
                                 names, dtypes, shapes and bytes
   hf_check.py bf16 DIR SRC      DIR holds SRC's f32 tensors as BF16, rounded to nearest even
+  hf_check.py half DIR OUT      writes OUT: DIR's config.json and its f32 tensors as F16 (nearest
+                                even), one model.safetensors, for loading an F16 folder
+  hf_check.py widened DIR SRC   DIR holds SRC's F16 tensors as F32, exactly
 Prints "<mode>: ok" or the first problem and exits 1.
 """
 
@@ -163,6 +166,37 @@ def bf16(d, src):
     print(f"bf16: ok ({len(y)} tensors)")
 
 
+def half(d, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["torch_dtype"] = "float16"
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    header, blobs, pos = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, (dt, shape, raw) in sorted(read_weights(d).items()):
+        vals = [v for (v,) in struct.iter_unpack("<f", raw)]
+        blob = struct.pack(f"<{len(vals)}e", *vals)
+        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [pos, pos + len(blob)]}
+        blobs.append(blob)
+        pos += len(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    print(f"half: ok ({len(header) - 1} tensors)")
+
+
+def widened(d, src):
+    x, y = read_weights(d), read_weights(src)
+    for name, (dt, shape, raw) in y.items():
+        vals = [v for (v,) in struct.iter_unpack("<e", raw)]
+        if x[name] != ("F32", shape, struct.pack(f"<{len(vals)}f", *vals)):
+            fail(f"{name}: not the f32 value of the F16 tensor")
+    print(f"widened: ok ({len(y)} tensors)")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    {"layout": layout, "same": same, "bf16": bf16}[mode](*sys.argv[2:])
+    {"layout": layout, "same": same, "bf16": bf16, "half": half,
+     "widened": widened}[mode](*sys.argv[2:])
