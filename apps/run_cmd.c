@@ -43,7 +43,7 @@ static const char run_usage[] =
     "the rank, the plugin callback or op it ran, the step and the microbatch. When several\n"
     "ranks fail, the first failure in time is reported, the ranks that failed after it below.\n"
     "\n"
-    "SIGINT or SIGTERM: the step under way finishes, the checkpoint ([checkpoint] save) is\n"
+    "SIGINT or SIGTERM: the step under way finishes, the checkpoint ([checkpoint] save, dir) is\n"
     "written at it, and the run exits with 130 (SIGINT) or 143 (SIGTERM) and a line saying so;\n"
     "a second SIGINT or SIGTERM exits at once.\n"
     "\n"
