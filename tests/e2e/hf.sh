@@ -33,6 +33,24 @@ generate() {
         --ignore-eos --print-ids $run) || die "$case $run: exit $?"
       [ "$got" = "$want" ] || die "$case $run: got '$got', the reference '$want'"
     done
+    # sampling kept to one candidate is greedy, whatever the temperature and seed
+    for run in "--top-k 1 --seed 3" "--top-p 0.000001 --seed 4"; do
+      got=$("$bin" generate "$golden/$case/job.ini" --prompt-ids "$prompt" --max-tokens "$n" \
+        --ignore-eos --print-ids --temperature 5 $run) || die "$case $run: exit $?"
+      [ "$got" = "$want" ] || die "$case $run: got '$got', greedy '$want'"
+    done
+    # an end token stops the continuation after it
+    third=$(echo "$want" | cut -d' ' -f3)
+    got=$("$bin" generate "$golden/$case/job.ini" --prompt-ids "$prompt" --max-tokens "$n" \
+      --print-ids --eos "$third")
+    upto=$(echo "$want" | awk -v e="$third" '{for (i = 1; i <= NF; i++) {printf "%s%s", (i > 1 ? " " : ""), $i; if ($i == e) break}}')
+    [ "$got" = "$upto" ] || die "$case: --eos $third gave '$got', expected '$upto'"
+    # a high temperature over every token leaves the greedy path, and a seed fixes the draw
+    a=$("$bin" generate "$golden/$case/job.ini" --prompt-ids "$prompt" --max-tokens "$n" \
+      --ignore-eos --print-ids --temperature 5 --seed 1)
+    b=$("$bin" generate "$golden/$case/job.ini" --prompt-ids "$prompt" --max-tokens "$n" \
+      --ignore-eos --print-ids --temperature 5 --seed 1)
+    [ "$a" = "$b" ] && [ "$a" != "$want" ] || die "$case: seeded sampling: '$a' / '$b'"
     echo "hf generate $case: ok ($n tokens; one rank and tp 2, 4; with and without the cache)"
   done
 }
