@@ -18,6 +18,8 @@ ckpt_reshard(fsdp dp_shard 4 tp:4 pp,ring_cp:2,2 dp_replicate,dp_shard:2,2 -:-)
 ckpt_reshard(moe_ep ep 2 -:- ep,tp:2,2 dp_shard,ep:2,2 ep:4 -- ${CKPT_MOE})
 ckpt_reshard(tied_pp pp,tp 2,2 -:- pp:4 -- --set model.tie_word_embeddings=true)
 ckpt_reshard(one_rank - - pp,dp:2,2 dp_shard,tp:2,2)
+# device = emu: shards leave and enter device memory through host copies
+ckpt_reshard(emu pp,dp,tp 2,2,2 tp:4 -:- -- --set job.device=emu)
 
 add_test(NAME e2e_ckpt_sharded_kill
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_sharded_kill.sh ${TESSERA_BIN} ${CKPT_JOB}
