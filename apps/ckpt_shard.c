@@ -453,24 +453,52 @@ bool tsr_ckpt_is_folder(const char *path) {
   return stat(idx, &sb) == 0;
 }
 
-void tsr_ckpt_latest(const char *dir, char *out, size_t len, int64_t *step) {
-  out[0] = '\0';
-  *step = -1;
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The steps of the step-NNNNNN folders of `dir`, ascending (malloc'd; *n of them). */
+static int64_t *folder_steps(const char *dir, size_t *n) {
+  *n = 0;
   DIR *d = opendir(dir);
-  if (!d) return;
+  if (!d) return NULL;
+  int64_t *steps = NULL;
+  size_t cap = 0;
   struct dirent *e;
   while ((e = readdir(d))) {
     int64_t s = tsr_ckpt_folder_step(e->d_name);
-    if (s <= *step) continue;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    tsr_ckpt_index ix;
-    if (tsr_ckpt_index_read(path, &ix) != TSR_OK) continue; /* not complete: skipped */
-    tsr_ckpt_index_free(&ix);
-    *step = s;
-    snprintf(out, len, "%s", path);
+    if (s < 0) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 16;
+      int64_t *p = realloc(steps, cap * sizeof *p);
+      if (!p) break;
+      steps = p;
+    }
+    steps[(*n)++] = s;
   }
   closedir(d);
+  if (steps) qsort(steps, *n, sizeof *steps, cmp_i64);
+  return steps;
+}
+
+void tsr_ckpt_latest(const char *dir, char *out, size_t len, int64_t *step) {
+  out[0] = '\0';
+  *step = -1;
+  size_t n;
+  int64_t *steps = folder_steps(dir, &n);
+  /* the newest first; a folder whose index does not read is not a complete checkpoint */
+  for (size_t i = n; i-- > 0;) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%06lld", dir, (long long)steps[i]);
+    tsr_ckpt_index ix;
+    if (tsr_ckpt_index_read(path, &ix) != TSR_OK) continue;
+    tsr_ckpt_index_free(&ix);
+    *step = steps[i];
+    snprintf(out, len, "%s", path);
+    break;
+  }
+  free(steps);
   tsr_clear_error();
 }
 
@@ -497,16 +525,9 @@ void tsr_ckpt_sync_dir(const char *path) {
   close(fd);
 }
 
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
 void tsr_ckpt_prune(const char *dir, int64_t keep) {
   DIR *d = opendir(dir);
   if (!d) return;
-  int64_t *steps = NULL;
-  size_t n = 0, cap = 0;
   struct dirent *e;
   char path[4096];
   while ((e = readdir(d))) {
@@ -514,25 +535,14 @@ void tsr_ckpt_prune(const char *dir, int64_t keep) {
     if (!strncmp(e->d_name, ".step-", 6) && len > 4 && !strcmp(e->d_name + len - 4, ".tmp")) {
       snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
       tsr_ckpt_remove_folder(path); /* a killed save's */
-      continue;
     }
-    int64_t s = tsr_ckpt_folder_step(e->d_name);
-    if (s < 0 || keep <= 0) continue;
-    if (n == cap) {
-      cap = cap ? 2 * cap : 16;
-      int64_t *p = realloc(steps, cap * sizeof *p);
-      if (!p) break;
-      steps = p;
-    }
-    steps[n++] = s;
   }
   closedir(d);
-  if (keep > 0 && n > (size_t)keep) {
-    qsort(steps, n, sizeof *steps, cmp_i64);
-    for (size_t i = 0; i + (size_t)keep < n; i++) {
-      snprintf(path, sizeof path, "%s/step-%06lld", dir, (long long)steps[i]);
-      tsr_ckpt_remove_folder(path);
-    }
+  size_t n;
+  int64_t *steps = keep > 0 ? folder_steps(dir, &n) : NULL;
+  for (size_t i = 0; steps && i + (size_t)keep < n; i++) {
+    snprintf(path, sizeof path, "%s/step-%06lld", dir, (long long)steps[i]);
+    tsr_ckpt_remove_folder(path);
   }
   free(steps);
   tsr_ckpt_sync_dir(dir);

@@ -197,8 +197,25 @@ static tsr_status write_mine(tsr_train_rank *t, const char *tmp, int64_t step, i
   return st;
 }
 
+/* A rank's box of a parameter, for sorting the mesh's boxes (then ranks) in order. */
+typedef struct rank_box {
+  box b;
+  int rank;
+} rank_box;
+
+static int cmp_rank_box(const void *pa, const void *pb) {
+  const rank_box *a = pa, *b = pb;
+  for (int d = 0; d < TSR_MAX_DIMS; d++) {
+    if (a->b.off[d] != b->b.off[d]) return a->b.off[d] < b->b.off[d] ? -1 : 1;
+    if (a->b.shape[d] != b->b.shape[d]) return a->b.shape[d] < b->b.shape[d] ? -1 : 1;
+  }
+  return (a->rank > b->rank) - (a->rank < b->rank);
+}
+
 /* Rank 0: the index, from every parameter's placement (the same on every rank, whichever
- * stage holds it). */
+ * stage holds it). The mesh's boxes are sorted, so that the lowest rank of each distinct box
+ * (the one that writes it, as `writes` decides on that rank) comes first: O(m log m) for m
+ * ranks. */
 static tsr_status build_index(tsr_train_rank *t, int64_t step, tsr_ckpt_index *ix) {
   const tsr_config *c = t->job->cfg;
   memset(ix, 0, sizeof *ix);
@@ -208,28 +225,46 @@ static tsr_status build_index(tsr_train_rank *t, int64_t step, tsr_ckpt_index *i
   for (int d = 0; d < c->mesh.ndim && used < sizeof ix->mesh; d++)
     used += (size_t)snprintf(ix->mesh + used, sizeof ix->mesh - used, "%s%s=%d", d ? ", " : "",
                              c->mesh.names[d], c->mesh.shape[d]);
-  for (int i = 0; i < t->nparams; i++) {
+  rank_box *hs = calloc((size_t)ix->world + 1, sizeof *hs);
+  int *file_of = malloc(((size_t)ix->world + 1) * sizeof *file_of);
+  tsr_status st = hs && file_of ? TSR_OK : TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
+  for (int r = 0; st == TSR_OK && r < ix->world; r++) file_of[r] = -1;
+  for (int i = 0; st == TSR_OK && i < t->nparams; i++) {
     const tsr_dtensor *v = t->params[i]->value;
-    TSR_CHECK(check_placements(t, i));
+    if ((st = check_placements(t, i)) != TSR_OK) break;
     int ti[3];
     char name[512];
-    for (int w = 0; w < 3; w++) {
+    for (int w = 0; st == TSR_OK && w < 3; w++) {
       snprintf(name, sizeof name, "%s%s", t->names[i], suffixes[w]);
-      TSR_CHECK(
-          tsr_ckpt_index_add_tensor(ix, name, w ? TSR_F32 : v->dtype, v->ndim, v->shape, &ti[w]));
+      st = tsr_ckpt_index_add_tensor(ix, name, w ? TSR_F32 : v->dtype, v->ndim, v->shape, &ti[w]);
     }
     const int *ranks = tsr_mesh_ranks(v->mesh);
-    for (int k = 0; k < tsr_mesh_nranks(v->mesh); k++) {
-      box b;
-      if (!writes(v, ranks[k], &b)) continue;
-      char file[64];
-      int f;
-      snprintf(file, sizeof file, "rank-%05d.safetensors", ranks[k]);
-      TSR_CHECK(tsr_ckpt_index_add_file(ix, file, &f));
-      for (int w = 0; w < 3; w++) TSR_CHECK(tsr_ckpt_index_add_slice(ix, ti[w], f, b.off, b.shape));
+    int m = 0;
+    for (int k = 0; k < tsr_mesh_nranks(v->mesh) && m < ix->world; k++) {
+      memset(&hs[m], 0, sizeof hs[m]);
+      hs[m].rank = ranks[k];
+      if (box_of(v, ranks[k], &hs[m].b) && hs[m].b.numel > 0) m++;
+    }
+    qsort(hs, (size_t)m, sizeof *hs, cmp_rank_box);
+    for (int k = 0; st == TSR_OK && k < m; k++) {
+      if (k > 0 && same_box(&hs[k].b, &hs[k - 1].b, v->ndim)) continue; /* a replica */
+      int r = hs[k].rank;
+      if (r < 0 || r >= ix->world) {
+        st = TSR_ERROR(TSR_EINTERNAL, "checkpoint: rank %d outside the job's %d", r, ix->world);
+        break;
+      }
+      if (file_of[r] < 0) {
+        char file[64];
+        snprintf(file, sizeof file, "rank-%05d.safetensors", r);
+        if ((st = tsr_ckpt_index_add_file(ix, file, &file_of[r])) != TSR_OK) break;
+      }
+      for (int w = 0; st == TSR_OK && w < 3; w++)
+        st = tsr_ckpt_index_add_slice(ix, ti[w], file_of[r], hs[k].b.off, hs[k].b.shape);
     }
   }
-  return TSR_OK;
+  free(hs);
+  free(file_of);
+  return st;
 }
 
 /* Rank 0, before the ranks write: the dir, and an empty temporary folder for this step. */
