@@ -293,8 +293,11 @@ static tsr_status publish(tsr_train_rank *t, int64_t step, const char *dir, cons
   snprintf(old, sizeof old, "%s/.step-%06lld.old.tmp", dir, (long long)step);
   bool replaced = false;
   if (tsr_ckpt_remove_folder(old) == TSR_OK && rename(final, old) == 0) replaced = true;
-  if (rename(tmp, final) != 0)
-    return TSR_ERROR(TSR_EIO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+  if (rename(tmp, final) != 0) {
+    int err = errno;
+    if (replaced) rename(old, final); /* the folder it was to replace stays */
+    return TSR_ERROR(TSR_EIO, "cannot rename %s to %s: %s", tmp, final, strerror(err));
+  }
   tsr_ckpt_sync_dir(dir);
   kill_point("renamed");
   if (replaced) tsr_ckpt_remove_folder(old);
