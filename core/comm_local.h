@@ -16,8 +16,9 @@
 
 /* An all-reduce of `bytes` over n members takes the latency-optimal algorithm (every member reads
  * every peer's whole buffer: two rendezvous, n * bytes read per member) when bytes * (n - 1), the
- * data it pulls from its peers, is at most this; otherwise the bandwidth-optimal one (reduce one
- * chunk per member, then gather the chunks: three rendezvous, 2 * bytes moved per member).
+ * data it pulls from its peers, is at most this; otherwise the bandwidth-optimal one (each member
+ * reduces one chunk and writes it into every member's recv: two rendezvous on the host, three on
+ * a device, bytes read and bytes written per member).
  * Scaling with n - 1 matches the measured crossover, which falls as the group grows (bench_comm,
  * docs/comm.md). Overridden by the environment variable TESSERA_LOCAL_SMALL_BYTES, read once per
  * launch. */

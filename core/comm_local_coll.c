@@ -26,6 +26,9 @@
 
 /* Elements reduced at a time: the accumulator stays in L1 while the peers stream through. */
 #define TSR_REDUCE_BLOCK 512
+/* Bytes of the host all-reduce's chunk reduced at a time before their copy to the peers: small
+ * enough to be in L1/L2 still when it is copied. */
+#define TSR_FUSED_BLOCK_BYTES ((size_t)16 << 10)
 
 tsr_status tsr_device_wait(const void *a, const void *b) {
   tsr_status st = TSR_OK;
@@ -84,10 +87,71 @@ static void store_f32(tsr_dtype dt, const float *acc, size_t len, void *dst) {
   if (out != dst) tsr_memcpy_any(dst, out, len * tsr_dtype_size(dt));
 }
 
+/* Hot loops carry an AVX2 clone picked at load time where the compiler can (as the CPU kernels
+ * do): an add is an add at any vector width, so both clones give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&                             \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define TSR_LOCAL_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TSR_LOCAL_CLONES
+#endif
+
+/* One block of an f32 reduction of host memory: acc[i] = s[0][i] op s[1][i] op ... in member
+ * order, then the average's division. Written for a constant `m` (the full block, which the -O2
+ * vectoriser takes) and for the tail. */
+static inline void f32_block(int n, const float *const *s, size_t off, size_t m, tsr_reduce_op op,
+                             float *restrict acc) {
+  const float *restrict a = s[0] + off;
+  if (op == TSR_REDUCE_MAX) {
+    for (size_t i = 0; i < m; i++) acc[i] = a[i];
+    for (int k = 1; k < n; k++) {
+      const float *restrict b = s[k] + off;
+      /* NaN wins, as torch.max does. */
+      for (size_t i = 0; i < m; i++) acc[i] = (b[i] > acc[i] || b[i] != b[i]) ? b[i] : acc[i];
+    }
+    return;
+  }
+  if (n == 1) {
+    for (size_t i = 0; i < m; i++) acc[i] = a[i];
+  } else {
+    const float *restrict b = s[1] + off;
+    for (size_t i = 0; i < m; i++) acc[i] = a[i] + b[i];
+  }
+  for (int k = 2; k < n; k++) {
+    const float *restrict b = s[k] + off;
+    for (size_t i = 0; i < m; i++) acc[i] += b[i];
+  }
+  if (op == TSR_REDUCE_AVG)
+    for (size_t i = 0; i < m; i++) acc[i] /= (float)n;
+}
+
+/* dst[i] = op over k of srcs[k][off + i] for f32 host memory, block by block so that every block
+ * of every source is read before the block of dst (which may be one of them) is written. */
+TSR_LOCAL_CLONES static void reduce_f32_host(int n, const void *const *srcs, size_t off, size_t len,
+                                             tsr_reduce_op op, float *dst) {
+  float acc[TSR_REDUCE_BLOCK];
+  const float *const *s = (const float *const *)srcs;
+  size_t b = 0;
+  for (; b + TSR_REDUCE_BLOCK <= len; b += TSR_REDUCE_BLOCK) {
+    f32_block(n, s, off + b, TSR_REDUCE_BLOCK, op, acc);
+    memcpy(dst + b, acc, sizeof acc);
+  }
+  if (b < len) {
+    f32_block(n, s, off + b, len - b, op, acc);
+    memcpy(dst + b, acc, (len - b) * sizeof *acc);
+  }
+}
+
 static void reduce_float(int n, const void *const *srcs, size_t off, size_t len, tsr_dtype dt,
                          tsr_reduce_op op, void *dst) {
   float acc[TSR_REDUCE_BLOCK], tmp[TSR_REDUCE_BLOCK];
   size_t es = tsr_dtype_size(dt);
+  bool host = dt == TSR_F32 && !tsr_on_device(dst);
+  for (int k = 0; host && k < n; k++) host = !tsr_on_device(srcs[k]);
+  if (host) {
+    reduce_f32_host(n, srcs, off, len, op, dst);
+    return;
+  }
   for (size_t b = 0; b < len; b += TSR_REDUCE_BLOCK) {
     size_t m = len - b < TSR_REDUCE_BLOCK ? len - b : TSR_REDUCE_BLOCK;
     load_f32(dt, srcs[0], off + b, m, acc);
@@ -233,17 +297,36 @@ tsr_status tsr_local_all_reduce(tsr_group_t *g, const tsr_call *call) {
   TSR_CHECK(tsr_local_enter(g, call));
   srcs_fill(g, srcs);
   tsr_status st = TSR_OK;
+  bool on_device = group_on_device(g);
   /* On a device the bandwidth algorithm always: its in-place safety needs no host scratch, and
    * the rendezvous it adds cost nothing beside the device waits. */
-  if (small && !group_on_device(g)) {
+  if (small && !on_device) {
     reduce(n, srcs, 0, call->count, call->dt, call->op, dst, NULL);
     tsr_local_sync(g);
     if (dst != call->recv) memcpy(call->recv, dst, bytes);
     return TSR_OK;
   }
-  /* Bandwidth algorithm: member i reduces chunk i of every peer's send into its own recv (no peer
-   * reads that chunk of its send, so in place is safe), then copies the other chunks from the
-   * members that reduced them. */
+  if (!on_device) {
+    /* Bandwidth algorithm on the host: member i reduces chunk i of every member's send, a block
+     * at a time, into its own recv and copies the block, still in cache, into every peer's recv.
+     * No peer reads chunk i of any buffer (in place included), so nothing waits between the two;
+     * each byte of the sends is read once and each byte of the recvs written once, with one
+     * rendezvous after the entry. */
+    size_t step = TSR_FUSED_BLOCK_BYTES / es;
+    char *own = (char *)call->recv;
+    for (size_t b = 0; b < len; b += step) {
+      size_t m = len - b < step ? len - b : step, at = (off + b) * es;
+      reduce(n, srcs, off + b, m, call->dt, call->op, own + at, NULL);
+      /* Starting after itself, so that the members write to different peers at a time. */
+      for (int t = 1; t < n; t++)
+        memcpy((char *)lg->m[(me + t) % n].call.recv + at, own + at, m * es);
+    }
+    tsr_local_sync(g);
+    return TSR_OK;
+  }
+  /* Bandwidth algorithm on a device: member i reduces chunk i of every peer's send into its own
+   * recv (no peer reads that chunk of its send, so in place is safe), then copies the other chunks
+   * from the members that reduced them. */
   reduce(n, srcs, off, len, call->dt, call->op, (char *)call->recv + off * es, dev_tmp);
   phase_end(g, call->recv, NULL, &st);
   for (int j = 0; j < n; j++) {

@@ -333,6 +333,147 @@ static void test_collectives_subgroups(void **state) {
   launch_ok(12, rank_subgroups, s34);
 }
 
+/* ---- Bit identity with rounding ---- */
+
+/* Values whose sums round: mixed signs and magnitudes 2^-12 to 2^5, within f16's range summed
+ * over 8 members. Integers stay small enough to sum exactly. */
+static double rval(tsr_dtype dt, int rank, size_t e) {
+  uint64_t h =
+      ((uint64_t)rank + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)e + 7) * 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 29;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 32;
+  int64_t mant = (int64_t)(h % 2000001u) - 1000000;
+  if (dt == TSR_I32 || dt == TSR_I64) return (double)mant;
+  return (double)mant / 1e6 * (double)(1u << (h >> 40) % 18) / 4096.0;
+}
+
+/* What one member contributes, as the reduction reads it. */
+static float rget(tsr_dtype dt, int rank, size_t e) {
+  char b[8];
+  put(dt, b, 0, rval(dt, rank, e));
+  return dt == TSR_F32    ? *(float *)b
+         : dt == TSR_BF16 ? tsr_bf16_to_f32(*(uint16_t *)b)
+                          : tsr_f16_to_f32(*(uint16_t *)b);
+}
+
+/* The documented order: member 0's value, then + member 1's, + member 2's, ... in f32, the average
+ * divided by n once, rounded to the dtype once. */
+static void put_ordered(tsr_dtype dt, tsr_reduce_op op, int n, size_t e, void *p, size_t i) {
+  if (dt == TSR_I32 || dt == TSR_I64) {
+    int64_t sum = 0, max = INT64_MIN;
+    for (int k = 0; k < n; k++) {
+      int64_t v = (int64_t)rval(dt, k, e);
+      sum += v;
+      max = v > max ? v : max;
+    }
+    put(dt, p, i, (double)(op == TSR_REDUCE_SUM ? sum : op == TSR_REDUCE_AVG ? sum / n : max));
+    return;
+  }
+  float acc = rget(dt, 0, e);
+  for (int k = 1; k < n; k++) {
+    float v = rget(dt, k, e);
+    acc = op == TSR_REDUCE_MAX ? (v > acc ? v : acc) : acc + v;
+  }
+  if (op == TSR_REDUCE_AVG) acc /= (float)n;
+  put(dt, p, i, acc);
+}
+
+typedef struct bits_arg {
+  const size_t *counts;
+  int ncounts;
+} bits_arg;
+
+/* all_reduce (out of place and in place) and reduce_scatter (even, uneven, in place) give every
+ * member the bits of the fixed order, for counts around the blocks of the backend's loops. */
+static tsr_status rank_bits(tsr_comm_t *c, void *arg) {
+  const bits_arg *ba = arg;
+  int n = tsr_comm_world(c), me = tsr_comm_rank(c), ranks[64];
+  for (int i = 0; i < n; i++) ranks[i] = i;
+  tsr_group_t *g = NULL;
+  TSR_CHECK(tsr_comm_group(c, n, ranks, "bits", &g));
+  size_t maxc = 0;
+  for (int k = 0; k < ba->ncounts; k++) maxc = ba->counts[k] > maxc ? ba->counts[k] : maxc;
+  size_t cap = (maxc * (size_t)n + 64) * 8;
+  char *a = malloc(cap), *b = malloc(cap), *want = malloc(cap);
+  tsr_status st = TSR_OK;
+  if (!a || !b || !want) {
+    st = TSR_ERROR(TSR_ENOMEM, "test buffers");
+    goto cleanup;
+  }
+  for (int d = 0; d < 5; d++) {
+    tsr_dtype dt = all_dtypes[d];
+    size_t es = esize(dt);
+    for (int k = 0; k < ba->ncounts; k++) {
+      size_t count = ba->counts[k];
+      for (int o = 0; o < 3; o++) {
+        tsr_reduce_op op = all_ops[o];
+        for (size_t i = 0; i < count; i++) put_ordered(dt, op, n, i, want, i);
+        for (size_t i = 0; i < count; i++) put(dt, a, i, rval(dt, me, i));
+        memset(b, 0x5a, count * es);
+        TSR_CHECK_GOTO(tsr_comm_all_reduce(g, a, b, count, dt, op), st);
+        if (memcmp(b, want, count * es) != 0) {
+          st = TSR_ERROR(TSR_EINTERNAL, "member %d: all_reduce bits differ for %s count %zu", me,
+                         tsr_dtype_name(dt), count);
+          goto cleanup;
+        }
+        TSR_CHECK_GOTO(tsr_comm_all_reduce(g, a, a, count, dt, op), st);
+        if (memcmp(a, want, count * es) != 0) {
+          st = TSR_ERROR(TSR_EINTERNAL,
+                         "member %d: in-place all_reduce bits differ for %s count "
+                         "%zu",
+                         me, tsr_dtype_name(dt), count);
+          goto cleanup;
+        }
+        /* reduce_scatter: even, uneven, then in place (recv at this member's part of send). */
+        for (int mode = 0; mode < 3; mode++) {
+          size_t cnt[64], total = 0, off = 0;
+          for (int j = 0; j < n; j++) cnt[j] = count;
+          if (mode == 1) uneven_counts(n, count, cnt);
+          for (int j = 0; j < n; j++) total += cnt[j];
+          for (int j = 0; j < me; j++) off += cnt[j];
+          for (size_t i = 0; i < cnt[me]; i++) put_ordered(dt, op, n, off + i, want, i);
+          for (size_t i = 0; i < total; i++) put(dt, a, i, rval(dt, me, i));
+          memset(b, 0x5a, cnt[me] * es);
+          char *out = mode == 2 ? a + off * es : b;
+          TSR_CHECK_GOTO(
+              tsr_comm_reduce_scatter(g, a, out, cnt[me], mode == 1 ? cnt : NULL, dt, op), st);
+          if (memcmp(out, want, cnt[me] * es) != 0) {
+            st = TSR_ERROR(TSR_EINTERNAL,
+                           "member %d: reduce_scatter (mode %d) bits differ for %s "
+                           "count %zu",
+                           me, mode, tsr_dtype_name(dt), count);
+            goto cleanup;
+          }
+        }
+      }
+    }
+  }
+cleanup:
+  free(a);
+  free(b);
+  free(want);
+  return st;
+}
+
+/* The sum order is fixed: every member gets the same bits whatever the algorithm, the group size
+ * or the count (blocks of the loops cut anywhere). */
+static void test_collectives_bit_identical(void **state) {
+  (void)state;
+  static const size_t counts[] = {1, 3, 511, 512, 513, 4095, 4097, 8193, 40001};
+  bits_arg ba = {counts, 9};
+  static const int worlds[] = {2, 3, 5, 8};
+  for (int algo = 0; algo < 2; algo++) {
+    if (algo)
+      setenv("TESSERA_LOCAL_SMALL_BYTES", "0", 1);
+    else
+      setenv("TESSERA_LOCAL_SMALL_BYTES", "18446744073709551615", 1);
+    for (size_t w = 0; w < sizeof worlds / sizeof *worlds; w++)
+      launch_ok(worlds[w], rank_bits, &ba);
+  }
+  unsetenv("TESSERA_LOCAL_SMALL_BYTES");
+}
+
 static tsr_status rank_smoke64(tsr_comm_t *c, void *arg) {
   (void)arg;
   int n = tsr_comm_world(c), ranks[64];
@@ -874,6 +1015,7 @@ int main(void) {
       cmocka_unit_test(test_collectives_bandwidth_algorithm),
       cmocka_unit_test(test_collectives_large),
       cmocka_unit_test(test_collectives_subgroups),
+      cmocka_unit_test(test_collectives_bit_identical),
       cmocka_unit_test(test_world_64),
       cmocka_unit_test(test_world_1024),
       cmocka_unit_test(test_send_recv_order),
