@@ -1,10 +1,12 @@
 /* The `local` backend: ranks are threads of this process, collectives read each other's buffers.
  *
- * Synchronisation is one mutex and one condition variable per group. Every wait is a
+ * Synchronisation is one mutex and one condition variable per group (a waiter yields its core a
+ * few times before it sleeps, see yield_while). Every wait is a
  * pthread_cond_timedwait on CLOCK_MONOTONIC so that a missing peer turns into TSR_ETIMEDOUT
  * instead of a hang, and a rank whose function returns wakes every group it belongs to so that
  * peers waiting for it fail at once instead of at the timeout. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,6 +212,20 @@ static void describe_missing(const tsr_group_t *g, const bool *missing, char *bu
 
 /* ---- Rendezvous ---- */
 
+/* Yields before a waiter sleeps on the condition variable. */
+#define TSR_LOCAL_YIELDS 64
+
+/* Thread ranks that share few cores wait for each other through the scheduler: before sleeping,
+ * a waiter hands its core to whoever can run a few times, so that the members still working (or
+ * arriving) run at once instead of after a sleep and a wake-up. Called with lg->mu held, which it
+ * drops meanwhile; `gen` is written under lg->mu, atomically so that it can be read here. */
+static void yield_while(local_group *lg, uint64_t gen) {
+  pthread_mutex_unlock(&lg->mu);
+  for (int i = 0; i < TSR_LOCAL_YIELDS && __atomic_load_n(&lg->gen, __ATOMIC_ACQUIRE) == gen; i++)
+    sched_yield();
+  pthread_mutex_lock(&lg->mu);
+}
+
 tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
   local_group *lg = tsr_local_group(g);
   int me = g->index;
@@ -238,8 +254,10 @@ tsr_status tsr_local_enter(tsr_group_t *g, const tsr_call *call) {
     }
     lg->verdict = tsr_call_check(g, lg->calls, lg->seqs, lg->verdict_msg, sizeof lg->verdict_msg);
     lg->arrived = 0;
-    lg->gen++;
+    __atomic_store_n(&lg->gen, gen + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&lg->cv);
+  } else if (!lg->broken) {
+    yield_while(lg, gen);
   }
   while (lg->gen == gen) {
     if (lg->broken) {
@@ -287,8 +305,10 @@ void tsr_local_sync(tsr_group_t *g) {
   uint64_t gen = lg->gen;
   if (++lg->arrived == g->n) {
     lg->arrived = 0;
-    lg->gen++;
+    __atomic_store_n(&lg->gen, gen + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&lg->cv);
+  } else {
+    yield_while(lg, gen);
   }
   while (lg->gen == gen) {
     struct timespec t = deadline_after(TSR_LOCAL_POLL_S);
