@@ -9,7 +9,7 @@
 #include "tessera/breadcrumb.h"
 #include "trace_impl.h"
 
-#define TAPE_MAX_IO 8 /* inputs or outputs of one node */
+#define TAPE_MAX_IO 16 /* inputs or outputs of one node (a recomputed layer and its weights) */
 
 typedef struct tape_node {
   const char *op;
@@ -48,6 +48,7 @@ struct tsr_tape_t {
   tsr_rank_t *r;
   split_state *split; /* NULL unless a split backward is pending */
   bool recording;
+  bool no_hooks;    /* tsr_tape_set_hooks(t, false): a tape nested in another's backward */
   tape_node *nodes; /* (nnodes) in execution order */
   int nnodes, node_cap;
   tsr_var **vars; /* (nvars) every var the tape made */
@@ -107,6 +108,12 @@ tsr_rank_t *tsr_tape_rank(tsr_tape_t *t) {
 }
 void tsr_tape_set_recording(tsr_tape_t *t, bool on) {
   t->recording = on;
+}
+bool tsr_tape_recording(const tsr_tape_t *t) {
+  return t->recording;
+}
+void tsr_tape_set_hooks(tsr_tape_t *t, bool on) {
+  t->no_hooks = !on;
 }
 int tsr_tape_node_count(const tsr_tape_t *t) {
   return t->nnodes;
@@ -448,7 +455,7 @@ tsr_status tsr_tape_backward_with(tsr_tape_t *t, tsr_var *out, tsr_dtensor *grad
   }
   TSR_CHECK(tsr_var_accumulate_grad(t, out, grad));
   const tsr_registry_t *reg = tsr_rank_registry(t->r);
-  int nhooks = tsr_registry_grad_hook_count(reg), nuses = 0, next = 0;
+  int nhooks = t->no_hooks ? 0 : tsr_registry_grad_hook_count(reg), nuses = 0, next = 0;
   leaf_use *uses = NULL;
   if (nhooks) TSR_CHECK(leaf_first_uses(t, &uses, &nuses));
   tsr_status st = TSR_OK;
@@ -595,7 +602,7 @@ tsr_status tsr_tape_backward_weight(tsr_tape_t *t) {
     return TSR_ERROR(TSR_EINVAL, "backward_weight: no split backward is pending (call "
                                  "tsr_tape_backward_input first)");
   const tsr_registry_t *reg = tsr_rank_registry(t->r);
-  int nhooks = tsr_registry_grad_hook_count(reg), nuses = 0, next = 0;
+  int nhooks = t->no_hooks ? 0 : tsr_registry_grad_hook_count(reg), nuses = 0, next = 0;
   leaf_use *uses = NULL;
   tsr_status st = TSR_OK;
   if (nhooks) st = leaf_first_uses(t, &uses, &nuses);

@@ -43,6 +43,9 @@
 _Static_assert(TSR_NONFINITE_STOP == 0 && TSR_NONFINITE_SKIP == 1,
                "[job] on_nonfinite's choices must be tsr_on_nonfinite values");
 _Static_assert(sizeof(tsr_on_nonfinite) == sizeof(int), "an enum key is stored as an int");
+_Static_assert(TSR_ACT_CKPT_NONE == 0 && TSR_ACT_CKPT_FULL == 1 &&
+                   sizeof(tsr_activation_checkpointing) == sizeof(int),
+               "[model] activation_checkpointing's choices must be its enum's values");
 
 /* [job] dtype stores the index of its choice "f32|bf16" as the tsr_dtype. */
 _Static_assert(TSR_F32 == 0 && TSR_BF16 == 1, "[job] dtype's choices must be tsr_dtype values");
@@ -128,6 +131,13 @@ const tsr_schema_entry tsr_schema[] = {
              "layer l (from 0) is a mixture-of-experts layer when (l + 1) % step == 0"),
     XKEY_FLOAT("model", "router_aux_loss_coef", model.router_aux_loss_coef, "0.001", 0, 1e3,
                "weight of the load-balancing loss added to the training loss"),
+    XKEY_ENUM("model", "activation_checkpointing", model_memory.activation_checkpointing, "none",
+              "none|full",
+              "full: a layer keeps only its input and is recomputed in the backward (same "
+              "results, less memory, one more forward)"),
+    XKEY_INT("model", "checkpoint_every", model_memory.checkpoint_every, "1", 1, 1000,
+             "with activation_checkpointing = full, layer l (from 0) is recomputed when "
+             "(l + 1) % checkpoint_every == 0"),
 
     KEY_STRING("data", "source", data.source, "synthetic",
                "synthetic | text:PATH | tokens:PATH | safetensors:PATH (input_ids, labels)"),

@@ -42,6 +42,12 @@ TSR_API void tsr_tape_free(tsr_tape_t *t);
 TSR_API tsr_rank_t *tsr_tape_rank(tsr_tape_t *t);
 /* While false, ops record nothing and their outputs do not require grad (inference). */
 TSR_API void tsr_tape_set_recording(tsr_tape_t *t, bool on);
+/* Since ABI 1.2: whether the tape records (tsr_tape_set_recording). */
+TSR_API bool tsr_tape_recording(const tsr_tape_t *t);
+/* Since ABI 1.2. While false, this tape's backward fires no gradient hook: a tape that a node of
+ * another tape runs inside its own backward (activation checkpointing recomputes a layer so),
+ * whose leaves the outer tape's hooks already hear of. On by default. */
+TSR_API void tsr_tape_set_hooks(tsr_tape_t *t, bool on);
 TSR_API int tsr_tape_node_count(const tsr_tape_t *t);
 
 /* A leaf holding `value` (ownership moves to the var). Free with tsr_var_free. */

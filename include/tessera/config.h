@@ -166,6 +166,11 @@ typedef enum tsr_on_nonfinite {
   TSR_NONFINITE_SKIP = 1, /* skip that step's update and go on */
 } tsr_on_nonfinite;
 
+typedef enum tsr_activation_checkpointing {
+  TSR_ACT_CKPT_NONE = 0, /* keep every activation the backward needs */
+  TSR_ACT_CKPT_FULL = 1, /* keep a layer's input only and recompute the layer in the backward */
+} tsr_activation_checkpointing;
+
 typedef struct tsr_config_ext {
   struct {
     char source[TSR_MAX_VALUE]; /* held-out data, as [data] source; "" = no evaluation */
@@ -193,6 +198,11 @@ typedef struct tsr_config_ext {
     int64_t every;           /* steps between saves; 0 = at the end of the run only */
     int64_t keep_last;       /* newest folders kept; 0 = every one */
   } checkpoint;
+  struct {
+    /* [model] activation checkpointing: "none|full", whose indices are these values */
+    tsr_activation_checkpointing activation_checkpointing;
+    int64_t checkpoint_every; /* with full: layer l is recomputed when (l + 1) % every == 0 */
+  } model_memory;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */
