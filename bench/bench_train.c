@@ -206,7 +206,14 @@ static double median(const double *v, int n) {
 
 int main(int argc, char **argv) {
   bench b = {
-      .cfg = {8192, 512, 1408, 8, 8, 8, 1e-5f, 10000.0f, false},
+      .cfg = {.vocab_size = 8192,
+              .hidden_size = 512,
+              .intermediate_size = 1408,
+              .num_hidden_layers = 8,
+              .num_attention_heads = 8,
+              .num_key_value_heads = 8,
+              .rms_norm_eps = 1e-5f,
+              .rope_theta = 10000.0f},
       .batch = 4,
       .seq = 256,
       .steps = 3,
