@@ -11,50 +11,9 @@
 #include <string.h>
 
 #include "llama.h"
+#include "llama_impl.h"
 #include "tessera/ops.h"
 #include "tessera/registry.h"
-
-#define NAME_LEN 96
-
-/* One decoder layer's parameters (vars owned by the model). */
-typedef struct llama_layer {
-  tsr_var *input_layernorm;          /* (C) */
-  tsr_var *q_proj;                   /* (H*D, C) */
-  tsr_var *k_proj;                   /* (Hkv*D, C) */
-  tsr_var *v_proj;                   /* (Hkv*D, C) */
-  tsr_var *o_proj;                   /* (C, H*D) */
-  tsr_var *post_attention_layernorm; /* (C) */
-  tsr_var *gate_proj;                /* (I, C) */
-  tsr_var *up_proj;                  /* (I, C) */
-  tsr_var *down_proj;                /* (C, I) */
-  /* an MoE layer has these instead of gate_proj, up_proj and down_proj */
-  tsr_var *router; /* (E, C) block_sparse_moe.gate */
-  tsr_var *w13;    /* (E, 2I, C) each expert's w1 over its w3 */
-  tsr_var *w2;     /* (E, C, I) */
-} llama_layer;
-
-struct tsr_llama_t {
-  tsr_rank_t *r;
-  const tsr_mesh_t *mesh; /* the job's mesh */
-  tsr_mesh_t **stages;    /* (npp) unbind(mesh, stage dim): one mesh per stage coordinate */
-  int npp;
-  int chunks;       /* stages per pp coordinate (virtual stages); stage s is on stages[s % npp] */
-  int nstages;      /* npp * chunks */
-  int *layer_stage; /* (num_hidden_layers) */
-  tsr_llama_config cfg;
-  int head_dim;
-  tsr_var *embed_tokens; /* (V, C) */
-  llama_layer *layers;   /* (num_hidden_layers) */
-  tsr_var *norm;         /* (C) */
-  tsr_var *lm_head;      /* (V, C); NULL when tied to embed_tokens */
-  /* (V, C) tied over several stages: the last stage's replica of embed_tokens that its lm_head
-   * uses, so that no weight crosses stages per microbatch; not among params (one name) */
-  tsr_var *tied_head;
-  int nparams;
-  tsr_var **params;        /* (nparams) in HF order, pointing at the fields above */
-  char (*names)[NAME_LEN]; /* (nparams) */
-  tsr_tensor *storage;     /* every parameter's local tensor is a view into this */
-};
 
 /* The mesh of pipeline stage s: a pp coordinate holds the stages s, s + npp, s + 2 npp, ... */
 static const tsr_mesh_t *smesh(const tsr_llama_t *m, int s) {
@@ -658,8 +617,8 @@ static tsr_status moe(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_v
   return styled(m, t, TSR_STYLE_EXPERTS, true, o, out);
 }
 
-static tsr_status layer_ops(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *h,
-                            tsr_var **stats, tsr_var **out) {
+tsr_status llama_layer_ops(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y, tsr_var *h,
+                           tsr_var **stats, tsr_var **out) {
   tsr_var *n, *a, *f;
   TSR_CHECK(rmsnorm(m, t, h, y->input_layernorm, &n));
   TSR_CHECK(attention(m, t, y, n, &a));
@@ -670,137 +629,6 @@ static tsr_status layer_ops(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   else
     TSR_CHECK(mlp(m, t, y, n, &f));
   return tsr_op_add(t, h, f, out);
-}
-
-/* ---- activation checkpointing ----
- * A checkpointed layer runs its forward on a tape that records nothing, keeps its input and
- * outputs, and stands on the tape as one node whose backward runs the layer again on a tape of
- * its own, recording, and differentiates that. The same ops on the same values give the same
- * bits, and a gathered weight (FSDP) is gathered again by the recomputed op, as its backward
- * would have. The node lists the layer's weights among its inputs, so that the gradient hooks
- * (dp's bucketed sync) hear of them from the outer tape; the inner one fires none. */
-
-typedef struct ckpt_saved {
-  tsr_llama_t *m;
-  int layer;
-} ckpt_saved;
-
-/* The layer's input and weights, as the node's inputs: *n of them. */
-static void ckpt_inputs(const llama_layer *y, tsr_var *h, tsr_var **in, int *n) {
-  tsr_var *all[] = {h,
-                    y->input_layernorm,
-                    y->q_proj,
-                    y->k_proj,
-                    y->v_proj,
-                    y->o_proj,
-                    y->post_attention_layernorm,
-                    y->gate_proj,
-                    y->up_proj,
-                    y->down_proj,
-                    y->router,
-                    y->w13,
-                    y->w2};
-  *n = 0;
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-    if (all[i]) in[(*n)++] = all[i];
-}
-
-static tsr_status ckpt_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
-                                int nout, void *saved) {
-  ckpt_saved *s = saved;
-  tsr_rank_t *r = tsr_tape_rank(t);
-  tsr_tape_t *sub = NULL;
-  tsr_var *hx = NULL, *o = NULL, *stats = NULL;
-  tsr_dtensor *copy = NULL, *g = NULL;
-  tsr_status st = TSR_OK;
-  TSR_CHECK_GOTO(tsr_tape_new(r, &sub), st);
-  tsr_tape_set_hooks(sub, false);
-  /* a leaf copy of the layer's input: its gradient is what the node passes back */
-  TSR_CHECK_GOTO(tsr_dtensor_clone(r, in[0]->value, &copy), st);
-  TSR_CHECK_GOTO(tsr_var_new_leaf(copy, true, NULL, &hx), st);
-  copy = NULL;
-  TSR_CHECK_GOTO(layer_ops(s->m, sub, &s->m->layers[s->layer], hx, &stats, &o), st);
-  /* the router stats' gradient first, then backward from the output with its own */
-  if (nout > 1 && out[1]->grad && stats) {
-    TSR_CHECK_GOTO(tsr_dtensor_clone(r, out[1]->grad, &g), st);
-    st = tsr_var_accumulate_grad(sub, stats, g);
-    g = NULL;
-    TSR_CHECK_GOTO(st, st);
-  }
-  tsr_var *from = out[0]->grad ? o : stats;
-  const tsr_dtensor *seed = out[0]->grad ? out[0]->grad : NULL;
-  if (seed) {
-    TSR_CHECK_GOTO(tsr_dtensor_clone(r, seed, &g), st);
-    st = tsr_tape_backward_with(sub, from, g);
-    g = NULL;
-  } else if (from) {
-    /* only the stats were reached: their gradient is in place, run backward from them */
-    tsr_dtensor *again = from->grad;
-    from->grad = NULL;
-    st = tsr_tape_backward_with(sub, from, again);
-  }
-  TSR_CHECK_GOTO(st, st);
-  if (hx->grad) {
-    st = tsr_var_accumulate_grad(t, in[0], hx->grad);
-    hx->grad = NULL;
-  }
-cleanup:
-  tsr_dtensor_free(copy);
-  tsr_dtensor_free(g);
-  tsr_tape_free(sub);
-  tsr_var_free(hx);
-  return st;
-}
-
-/* Runs layer `l` checkpointed: the layer's activations are freed at once. */
-static tsr_status ckpt_layer(tsr_llama_t *m, tsr_tape_t *t, int l, tsr_var *h, tsr_var **stats,
-                             tsr_var **out) {
-  tsr_rank_t *r = tsr_tape_rank(t);
-  const llama_layer *y = &m->layers[l];
-  tsr_tape_t *sub = NULL;
-  tsr_var *o = NULL, *s = NULL, *outs[2] = {NULL, NULL}, *in[16];
-  tsr_dtensor *copy = NULL;
-  ckpt_saved *saved = NULL;
-  tsr_status st = TSR_OK;
-  int nin = 0;
-  TSR_CHECK_GOTO(tsr_tape_new(r, &sub), st);
-  tsr_tape_set_recording(sub, false);
-  TSR_CHECK_GOTO(layer_ops(m, sub, y, h, &s, &o), st);
-  for (int k = 0; k < (s ? 2 : 1); k++) {
-    TSR_CHECK_GOTO(tsr_dtensor_clone(r, k ? s->value : o->value, &copy), st);
-    TSR_CHECK_GOTO(tsr_tape_new_var(t, copy, &outs[k]), st);
-    copy = NULL;
-  }
-  saved = malloc(sizeof *saved);
-  if (!saved) {
-    st = TSR_ERROR(TSR_ENOMEM, "out of memory checkpointing layer %d", l);
-    goto cleanup;
-  }
-  *saved = (ckpt_saved){m, l};
-  ckpt_inputs(y, h, in, &nin);
-  st = tsr_tape_record(t, "checkpoint", in, nin, outs, s ? 2 : 1, ckpt_backward, saved, free);
-  saved = NULL;
-  TSR_CHECK_GOTO(st, st);
-  *out = outs[0];
-  if (outs[1]) {
-    if (*stats)
-      TSR_CHECK_GOTO(tsr_op_add(t, *stats, outs[1], stats), st);
-    else
-      *stats = outs[1];
-  }
-cleanup:
-  free(saved);
-  tsr_dtensor_free(copy);
-  tsr_tape_free(sub);
-  return st;
-}
-
-static tsr_status decoder_layer(tsr_llama_t *m, tsr_tape_t *t, int l, tsr_var *h, tsr_var **stats,
-                                tsr_var **out) {
-  int every = m->cfg.checkpoint_every;
-  if (every > 0 && (l + 1) % every == 0 && tsr_tape_recording(t))
-    return ckpt_layer(m, t, l, h, stats, out);
-  return layer_ops(m, t, &m->layers[l], h, stats, out);
 }
 
 /* loss + router_aux_loss_coef * Hugging Face's load_balancing_loss_func over every MoE block:
@@ -833,7 +661,7 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   TSR_CHECK(styled(m, t, TSR_STYLE_EMBEDDING, true, e, &h));
   for (int l = 0; l < c->num_hidden_layers; l++) {
     TSR_CHECK(to_stage(m, t, h, m->layer_stage[l], &h));
-    TSR_CHECK(decoder_layer(m, t, l, h, &stats, &h));
+    TSR_CHECK(llama_decoder_layer(m, t, l, h, &stats, &h));
   }
   TSR_CHECK(to_stage(m, t, h, last, &h));
   TSR_CHECK(rmsnorm(m, t, h, m->norm, &n));
@@ -883,7 +711,7 @@ tsr_status tsr_llama_forward_stage(tsr_llama_t *m, tsr_tape_t *t, int stage, tsr
     h = in;
   }
   for (int l = 0; l < m->cfg.num_hidden_layers; l++)
-    if (m->layer_stage[l] == stage) TSR_CHECK(decoder_layer(m, t, l, h, &stats, &h));
+    if (m->layer_stage[l] == stage) TSR_CHECK(llama_decoder_layer(m, t, l, h, &stats, &h));
   if (stage < last) {
     /* the receiving stage builds its input with these placements */
     tsr_placement p[TSR_MAX_MESH_DIMS];
