@@ -80,6 +80,10 @@ typedef struct tsr_train_hf {
 /* Splits `full` (t->nparams full tensors, entries may be NULL; `full` itself may be NULL for the
  * names only) into the Hugging Face tensors. The views borrow full's storage: free them first. */
 tsr_status tsr_train_hf_split(const tsr_train_rank *t, tsr_tensor *const *full, tsr_train_hf *h);
+/* Hugging Face tensor j of parameter i: its name (into `name`) and, when `full` (the parameter's
+ * full, contiguous tensor) is given, a view of its part of it in *view (NULL otherwise). */
+tsr_status tsr_train_hf_view(const tsr_train_rank *t, int i, int j, const tsr_tensor *full,
+                             char *name, size_t len, tsr_tensor **view);
 void tsr_train_hf_free(tsr_train_hf *h);
 
 /* True when one of the `n` labels is not the ignore index (-100): a microbatch without one has

@@ -19,6 +19,24 @@ void tsr_train_hf_free(tsr_train_hf *h) {
   memset(h, 0, sizeof *h);
 }
 
+tsr_status tsr_train_hf_view(const tsr_train_rank *t, int i, int j, const tsr_tensor *full,
+                             char *name, size_t len, tsr_tensor **view) {
+  int64_t offset, shape[2];
+  int ndim;
+  *view = NULL;
+  tsr_llama_hf_tensor(t->model, i, j, name, len, &offset, &ndim, shape);
+  if (!full) return TSR_OK;
+  /* a run of the parameter's row-major elements: flatten, narrow, shape (views, no copy) */
+  int64_t numel = tsr_tensor_numel(full), count = ndim == 2 ? shape[0] * shape[1] : shape[0];
+  tsr_tensor *flat = NULL, *piece = NULL;
+  tsr_status st = tsr_tensor_reshape(full, 1, &numel, &flat);
+  if (st == TSR_OK) st = tsr_tensor_narrow(flat, 0, offset, count, &piece);
+  if (st == TSR_OK) st = tsr_tensor_reshape(piece, ndim, shape, view);
+  tsr_tensor_free(piece);
+  tsr_tensor_free(flat);
+  return st;
+}
+
 tsr_status tsr_train_hf_split(const tsr_train_rank *t, tsr_tensor *const *full, tsr_train_hf *h) {
   memset(h, 0, sizeof *h);
   int n = 0;
@@ -32,31 +50,12 @@ tsr_status tsr_train_hf_split(const tsr_train_rank *t, tsr_tensor *const *full, 
     goto fail;
   }
   for (int i = 0; i < t->nparams; i++) {
-    int count = tsr_llama_hf_count(t->model, i);
-    for (int j = 0; j < count; j++, h->n++) {
+    for (int j = 0; j < tsr_llama_hf_count(t->model, i); j++, h->n++) {
       char name[256];
-      int64_t offset, shape[2];
-      int ndim;
-      tsr_llama_hf_tensor(t->model, i, j, name, sizeof name, &offset, &ndim, shape);
       h->param[h->n] = i;
-      h->names[h->n] = strdup(name);
-      if (!h->names[h->n]) {
+      st = tsr_train_hf_view(t, i, j, full ? full[i] : NULL, name, sizeof name, &h->views[h->n]);
+      if (st == TSR_OK && !(h->names[h->n] = strdup(name)))
         st = TSR_ERROR(TSR_ENOMEM, "out of memory naming tensor %s", name);
-        goto fail;
-      }
-      if (!full || !full[i]) continue;
-      if (count == 1) {
-        /* the whole tensor: a view of itself, so that freeing views never frees `full` */
-        st = tsr_tensor_narrow(full[i], 0, 0, full[i]->shape[0], &h->views[h->n]);
-      } else {
-        int64_t numel = tsr_tensor_numel(full[i]), len = ndim == 2 ? shape[0] * shape[1] : shape[0];
-        tsr_tensor *flat = NULL, *piece = NULL;
-        st = tsr_tensor_reshape(full[i], 1, &numel, &flat);
-        if (st == TSR_OK) st = tsr_tensor_narrow(flat, 0, offset, len, &piece);
-        if (st == TSR_OK) st = tsr_tensor_reshape(piece, ndim, shape, &h->views[h->n]);
-        tsr_tensor_free(piece);
-        tsr_tensor_free(flat);
-      }
       if (st != TSR_OK) goto fail;
     }
   }

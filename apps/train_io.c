@@ -297,26 +297,19 @@ tsr_status tsr_train_dump_add_param(tsr_train_rank *t, tsr_train_dump *d, const 
     snprintf(name, sizeof name, "%s%s", prefix, t->names[i]);
     return tsr_train_dump_add(t, d, name, x);
   }
-  tsr_tensor *full = NULL, **all = NULL;
-  tsr_train_hf hf = {0};
+  tsr_tensor *full = NULL;
   tsr_status st = dump_full(t, x, &full);
   if (st != TSR_OK || !full) return st;
-  all = calloc((size_t)t->nparams, sizeof *all);
-  if (!all) st = TSR_ERROR(TSR_ENOMEM, "dump: out of memory");
-  if (st == TSR_OK) {
-    all[i] = full;
-    st = tsr_train_hf_split(t, all, &hf);
-  }
-  for (int j = 0; st == TSR_OK && j < hf.n; j++) {
-    if (hf.param[j] != i) continue;
-    tsr_tensor *copy = NULL;
-    snprintf(name, sizeof name, "%s%s", prefix, hf.names[j]);
-    st = tsr_tensor_clone(hf.views[j], &copy);
+  for (int j = 0; st == TSR_OK && j < tsr_llama_hf_count(t->model, i); j++) {
+    char hf[256];
+    tsr_tensor *view = NULL, *copy = NULL;
+    st = tsr_train_hf_view(t, i, j, full, hf, sizeof hf, &view);
+    snprintf(name, sizeof name, "%s%s", prefix, hf);
+    if (st == TSR_OK) st = tsr_tensor_clone(view, &copy);
     if (st == TSR_OK) st = tsr_train_dump_add_full(d, name, copy);
+    tsr_tensor_free(view);
   }
-  tsr_train_hf_free(&hf);
   tsr_tensor_free(full);
-  free(all);
   return st;
 }
 
