@@ -90,7 +90,7 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
   int64_t accum = train ? c->optimizer.grad_accum_steps : 1;
   int64_t rows = c->data.batch_size / accum, seq = c->data.seq_len;
   tsr_tensor *parts[64] = {0};
-  tsr_var *x = NULL, *y = NULL;
+  tsr_var *x = NULL, *y = NULL, *dseg = NULL, *dpos = NULL; /* dseg, dpos: mask = document */
   tsr_status st = TSR_OK;
   bool cat = dump && accum > 1 && accum <= 64;
   *loss = 0.0;
@@ -99,6 +99,7 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
     tsr_breadcrumb_here()->microbatch = (int)k;
     TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, ids + k * rows * seq, &x), st);
     TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, labels + k * rows * seq, &y), st);
+    TSR_CHECK_GOTO(tsr_train_docs_begin(t, k, &dseg, &dpos), st);
     TSR_CHECK_GOTO(tsr_llama_forward(t->model, tape, x, y, &logits, &l), st);
     double v;
     TSR_CHECK_GOTO(loss_value(t, l, &v), st);
@@ -117,6 +118,8 @@ static tsr_status forward_backward(tsr_train_rank *t, tsr_tape_t *tape, const in
     tsr_var_free(x);
     tsr_var_free(y);
     x = y = NULL;
+    tsr_train_docs_end(t, dseg, dpos);
+    dseg = dpos = NULL;
   }
   if (cat && tsr_rank_id(t->r) == 0 && parts[0]) {
     TSR_CHECK_GOTO(tsr_train_dump_add_batch(dump, parts, (int)accum, *loss), st);
@@ -126,6 +129,7 @@ cleanup:
   tsr_tape_reset(tape);
   tsr_var_free(x);
   tsr_var_free(y);
+  tsr_train_docs_end(t, dseg, dpos);
   for (int k = 0; k < 64; k++) tsr_tensor_free(parts[k]);
   return st;
 }
@@ -235,6 +239,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   int64_t saved = -1; /* the step of the last periodic checkpoint ([checkpoint] dir) */
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(open_data(t, &data), st);
+  TSR_CHECK_GOTO(tsr_train_docs_open(t, data), st);
   if (train) TSR_CHECK_GOTO(tsr_train_eval_open(t, &ev), st);
   tsr_data_set_step(data, t->start_step);
   TSR_CHECK_GOTO(tsr_tape_new(t->r, &tape), st);
@@ -263,6 +268,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     t->bad_parts = 0;
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
     if (t->pipe)
+    TSR_CHECK_GOTO(tsr_train_docs_fetch(t, data), st);
       TSR_CHECK_GOTO(
           tsr_train_pipe_forward_backward(t, step, ids, labels, train, first ? &dump : NULL, &loss),
           st);
@@ -356,6 +362,7 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   run_ctx *ctx = arg;
   const tsr_app_job *job = ctx->job;
   const tsr_config *c = job->cfg;
+  tsr_train_docs_free(t);
   tsr_train_rank t = {.job = job, .opts = ctx->opts};
   tsr_status st = TSR_OK;
   /* a stack overflow on this rank's thread is reported too (crash.c) */

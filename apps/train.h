@@ -66,6 +66,8 @@ typedef struct tsr_train_rank {
    * many, and the first), and the message of a skipped step, "" when none was */
   int64_t bad_parts, bad_part;
   char skipped[1024];
+  /* [data] mask = document (train_docs.c): the step's segment ids and positions; NULL without */
+  struct tsr_train_docs *docs;
 } tsr_train_rank;
 
 /* The parameters as Hugging Face files name them (train_hf.c): n tensors, each a view of part of
@@ -227,5 +229,16 @@ bool tsr_train_eval_due(const tsr_train_eval *ev, int64_t step, int64_t end);
  * (room for one batch). The training data position is not touched. */
 tsr_status tsr_train_eval_run(tsr_train_rank *t, tsr_train_eval *ev, int64_t step, int32_t *ids,
                               int32_t *labels, tsr_train_eval_result *out);
+
+/* [data] mask = document (train_docs.c). open: the source reads its document index, t->docs
+ * gets room for a batch (a no-op with mask = causal). fetch: after each tsr_data_next. begin /
+ * end: the leaves of microbatch k, set on the model, around its forward and backward. pipe: the
+ * host arrays from element `offset` for the next tsr_llama_pipe_step. */
+tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data);
+tsr_status tsr_train_docs_fetch(tsr_train_rank *t, const tsr_data_t *data);
+tsr_status tsr_train_docs_begin(tsr_train_rank *t, int64_t k, tsr_var **seg, tsr_var **pos);
+void tsr_train_docs_end(tsr_train_rank *t, tsr_var *seg, tsr_var *pos);
+tsr_status tsr_train_docs_pipe(tsr_train_rank *t, int64_t offset);
+void tsr_train_docs_free(tsr_train_rank *t);
 
 #endif

@@ -133,6 +133,7 @@ tsr_status tsr_train_pipe_forward_backward(tsr_train_rank *t, int64_t step, cons
     return TSR_ERROR(TSR_EINVAL, "dumps support at most 64 accumulation steps");
   for (int64_t k = 0; k < accum; k++) {
     tsr_pipe_result res;
+    TSR_CHECK_GOTO(tsr_train_docs_pipe(t, k * rows * seq), st);
     TSR_CHECK_GOTO(tsr_llama_pipe_step(t->model, t->job->mesh, t->pipe, t->microbatches,
                                        ids + k * rows * seq, labels + k * rows * seq, rows, seq,
                                        train, dump != NULL, &res),

@@ -43,6 +43,9 @@
 _Static_assert(TSR_NONFINITE_STOP == 0 && TSR_NONFINITE_SKIP == 1,
                "[job] on_nonfinite's choices must be tsr_on_nonfinite values");
 _Static_assert(sizeof(tsr_on_nonfinite) == sizeof(int), "an enum key is stored as an int");
+_Static_assert(TSR_MASK_CAUSAL == 0 && TSR_MASK_DOCUMENT == 1 &&
+                   sizeof(tsr_data_mask) == sizeof(int),
+               "[data] mask's choices must be tsr_data_mask values");
 _Static_assert(TSR_ACT_CKPT_NONE == 0 && TSR_ACT_CKPT_FULL == 1 &&
                    sizeof(tsr_activation_checkpointing) == sizeof(int),
                "[model] activation_checkpointing's choices must be its enum's values");
@@ -143,6 +146,13 @@ const tsr_schema_entry tsr_schema[] = {
                "synthetic | text:PATH | tokens:PATH | safetensors:PATH (input_ids, labels)"),
     KEY_INT("data", "batch_size", data.batch_size, "4", 1, 1e6, "global batch size (sequences)"),
     KEY_INT("data", "seq_len", data.seq_len, "32", 1, 1e7, "tokens per sequence"),
+    XKEY_ENUM("data", "mask", data_docs.mask, "causal", "causal|document",
+              "causal: attention over the whole row; document: a token attends only to earlier "
+              "tokens of its own document and positions (RoPE) restart at 0 at each document, "
+              "from the source's document index (tokens: and tokens32: sources only)"),
+    XKEY_STRING("data", "index", data_docs.index, "",
+                "document index of the source, as tessera tokenize writes it; empty = the token "
+                "file's path + .idx; read with mask = document"),
 
     KEY_FLOAT("optimizer", "lr", optimizer.lr, "1e-3", 0, 10, "AdamW learning rate (peak)"),
     KEY_ENUM("optimizer", "lr_schedule", optimizer.lr_schedule, "constant", "constant|cosine",

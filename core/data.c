@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "io_internal.h"
+#include "tessera/doc_index.h"
 
 /* The ignore index of torch.nn.functional.cross_entropy. */
 #define IGNORE_INDEX (-100)
@@ -37,6 +38,11 @@ struct tsr_data_t {
   int64_t nrows;
   /* synthetic: next = (mul * token + add) mod vocab */
   uint64_t mul, add;
+  /* document masking: the index, and where each row of the last batch starts in the file */
+  bool docs;
+  tsr_doc_index index;
+  int64_t *starts; /* (batch) */
+  bool have_batch;
 };
 
 /* splitmix64's finaliser: a bijective mix with good avalanche. */
@@ -69,6 +75,8 @@ static uint64_t gcd(uint64_t a, uint64_t b) {
 void tsr_data_close(tsr_data_t *d) {
   if (!d) return;
   if (d->map) munmap(d->map, d->map_len);
+  tsr_doc_index_close(&d->index);
+  free(d->starts);
   free(d->ids);
   free(d->labels);
   free(d->path);
@@ -319,6 +327,7 @@ static void next_window(const tsr_data_t *d, int32_t *ids, int32_t *labels) {
   for (int b = 0; b < d->batch; b++) {
     uint64_t stream = (uint64_t)d->step * (uint64_t)d->batch + (uint64_t)b;
     int64_t pos = (int64_t)below(rng_at(d->seed, stream, 0), starts);
+    if (d->starts) d->starts[b] = pos;
     for (int i = 0; i < d->seq_len; i++) {
       ids[(size_t)b * d->seq_len + i] = (int32_t)token_at(d, pos + i);
       labels[(size_t)b * d->seq_len + i] = (int32_t)token_at(d, pos + i + 1);
@@ -336,6 +345,87 @@ static void next_rows(const tsr_data_t *d, int32_t *ids, int32_t *labels) {
   }
 }
 
+/* ---- documents ---- */
+
+/* The document holding token `at` of the file: the last i with offsets[i] <= at. */
+static int64_t doc_of(const tsr_doc_index *ix, int64_t at) {
+  uint64_t lo = 0, hi = ix->ndocs; /* offsets[lo] <= at < offsets[hi] */
+  while (hi - lo > 1) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (ix->offsets[mid] <= (uint64_t)at)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return (int64_t)lo;
+}
+
+/* A label that is the first token of the next document is not this document's to predict. */
+static void ignore_document_ends(const tsr_data_t *d, int32_t *labels) {
+  for (int b = 0; b < d->batch; b++) {
+    int64_t p0 = d->starts[b];
+    for (int64_t k = doc_of(&d->index, p0) + 1;
+         k < (int64_t)d->index.ndocs && (int64_t)d->index.offsets[k] <= p0 + d->seq_len; k++) {
+      int64_t i = (int64_t)d->index.offsets[k] - 1 - p0; /* the input token that ends doc k - 1 */
+      if (i >= 0) labels[(size_t)b * d->seq_len + i] = IGNORE_INDEX;
+    }
+  }
+}
+
+tsr_status tsr_data_use_documents(tsr_data_t *d, const char *index_path) {
+  if (d->kind != DATA_TOKENS16 && d->kind != DATA_TOKENS32)
+    return TSR_ERROR(TSR_EINVAL,
+                     "[data] mask = document needs a tokens: or tokens32: source with the "
+                     "document index tessera tokenize writes; %s%s has no documents",
+                     d->kind == DATA_SYNTHETIC ? "synthetic"
+                     : d->kind == DATA_TEXT    ? "text:"
+                                               : "safetensors:",
+                     d->path ? d->path : "");
+  if (!index_path || !*index_path)
+    return TSR_ERROR(TSR_EINVAL, "data file %s: no document index path", d->path);
+  tsr_doc_index_close(&d->index);
+  d->docs = false;
+  tsr_status s = tsr_doc_index_open(index_path, d->path, &d->index);
+  if (s != TSR_OK) return tsr_error_prefix(s, "[data] mask = document, index of %s", d->path);
+  size_t esize = d->kind == DATA_TOKENS16 ? 2 : 4;
+  if (d->index.token_bytes != esize) {
+    s = TSR_ERROR(TSR_EINVAL,
+                  "document index %s is of %u-byte tokens but the source %s reads %zu-byte ones; "
+                  "use %s:%s",
+                  index_path, d->index.token_bytes, d->path, esize,
+                  d->index.token_bytes == 2 ? "tokens" : "tokens32", d->path);
+    tsr_doc_index_close(&d->index);
+    return s;
+  }
+  free(d->starts);
+  if (!(d->starts = calloc((size_t)d->batch, sizeof *d->starts))) {
+    tsr_doc_index_close(&d->index);
+    return TSR_ERROR(TSR_ENOMEM, "data file %s: out of memory", d->path);
+  }
+  d->docs = true;
+  return TSR_OK;
+}
+
+tsr_status tsr_data_documents(const tsr_data_t *d, int32_t *seg, int32_t *pos) {
+  if (!d->docs)
+    return TSR_ERROR(TSR_EINVAL, "data source %s: no document index was read",
+                     d->path ? d->path : "synthetic");
+  if (!d->have_batch) return TSR_ERROR(TSR_EINVAL, "data source %s: no batch yet", d->path);
+  for (int b = 0; b < d->batch; b++) {
+    int64_t p0 = d->starts[b], k0 = doc_of(&d->index, p0), k = k0;
+    int64_t first = p0; /* the row's first token of document k */
+    for (int i = 0; i < d->seq_len; i++) {
+      while (k + 1 < (int64_t)d->index.ndocs && (int64_t)d->index.offsets[k + 1] <= p0 + i) {
+        k++;
+        first = (int64_t)d->index.offsets[k];
+      }
+      seg[(size_t)b * d->seq_len + i] = (int32_t)(k - k0);
+      pos[(size_t)b * d->seq_len + i] = (int32_t)(p0 + i - first);
+    }
+  }
+  return TSR_OK;
+}
+
 tsr_status tsr_data_next(tsr_data_t *d, int32_t *input_ids, int32_t *labels) {
   if (!input_ids || !labels) return TSR_ERROR(TSR_EINVAL, "data next: NULL output buffer");
   switch (d->kind) {
@@ -347,9 +437,11 @@ tsr_status tsr_data_next(tsr_data_t *d, int32_t *input_ids, int32_t *labels) {
       break;
     default:
       next_window(d, input_ids, labels);
+      if (d->docs) ignore_document_ends(d, labels);
       break;
   }
   d->step++;
+  d->have_batch = true;
   return TSR_OK;
 }
 

@@ -61,6 +61,18 @@ bool tsr_op_generic_rule(const char *op, tsr_var *const *in, int nin, int dim,
     /* heads are independent when every rank keeps whole query groups */
     return d == 2 && in[0]->value->shape[2] % n == 0 && in[1]->value->shape[2] % n == 0;
   }
+  if (!strcmp(op, TSR_OP_ROPE_DOC)) {
+    /* the positions come laid out like x's rows: a batch or sequence shard carries its own */
+    if (d == 3) return false;
+    return d == 2 ? p[1].kind == TSR_REPLICATE : is_shard(p[1], d);
+  }
+  if (!strcmp(op, TSR_OP_SDPA_DOC)) {
+    /* as sdpa, with the segment ids of the same rows: a batch shard's, or whole over heads */
+    if (!tsr_placement_equal(p[1], x) || !tsr_placement_equal(p[2], x)) return false;
+    if (d == 0) return is_shard(p[3], 0);
+    return d == 2 && p[3].kind == TSR_REPLICATE && in[0]->value->shape[2] % n == 0 &&
+           in[1]->value->shape[2] % n == 0;
+  }
   if (!strcmp(op, "moe_router")) {
     /* tokens are independent; the stats are sums over them, scaled by the whole batch's count */
     if (d >= last) return false;

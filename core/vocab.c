@@ -23,12 +23,18 @@ static const tsr_vocab_op ops[] = {
     {TSR_OP_MOE_ROUTER, 1, 0, "logits"},
     {TSR_OP_MOE_EXPERTS, 4, 1u << 2 | 1u << 3, "x, combine, w13, w2"},
     {TSR_OP_MOE_AUX_LOSS, 1, 0, "stats"},
+    {TSR_OP_ROPE_DOC, 2, 0, "x, pos"},
+    {TSR_OP_SDPA_DOC, 4, 0, "q, k, v, seg"},
 };
 
 static const char *const op_names[] = {
-    TSR_OP_EMBEDDING,  TSR_OP_RMSNORM,     TSR_OP_LINEAR,       TSR_OP_ROPE,
-    TSR_OP_SDPA,       TSR_OP_ADD,         TSR_OP_SWIGLU,       TSR_OP_CROSS_ENTROPY,
-    TSR_OP_MOE_ROUTER, TSR_OP_MOE_EXPERTS, TSR_OP_MOE_AUX_LOSS, NULL,
+    TSR_OP_EMBEDDING,    TSR_OP_RMSNORM,
+    TSR_OP_LINEAR,       TSR_OP_ROPE,
+    TSR_OP_SDPA,         TSR_OP_ADD,
+    TSR_OP_SWIGLU,       TSR_OP_CROSS_ENTROPY,
+    TSR_OP_MOE_ROUTER,   TSR_OP_MOE_EXPERTS,
+    TSR_OP_MOE_AUX_LOSS, TSR_OP_ROPE_DOC,
+    TSR_OP_SDPA_DOC,     NULL,
 };
 
 static const char *const style_names[] = {

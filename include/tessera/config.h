@@ -171,6 +171,11 @@ typedef enum tsr_activation_checkpointing {
   TSR_ACT_CKPT_FULL = 1, /* keep a layer's input only and recompute the layer in the backward */
 } tsr_activation_checkpointing;
 
+typedef enum tsr_data_mask {
+  TSR_MASK_CAUSAL = 0,   /* attention over the whole packed row, positions 0 .. L-1 */
+  TSR_MASK_DOCUMENT = 1, /* attention within each document, positions from 0 at each */
+} tsr_data_mask;
+
 typedef struct tsr_config_ext {
   struct {
     char source[TSR_MAX_VALUE]; /* held-out data, as [data] source; "" = no evaluation */
@@ -203,6 +208,11 @@ typedef struct tsr_config_ext {
     tsr_activation_checkpointing activation_checkpointing;
     int64_t checkpoint_every; /* with full: layer l is recomputed when (l + 1) % every == 0 */
   } model_memory;
+  struct {
+    /* [data] mask: "causal|document", whose indices are these values (docs/data.md) */
+    tsr_data_mask mask;
+    char index[TSR_MAX_VALUE]; /* document index of a tokens: source; "" = the source + ".idx" */
+  } data_docs;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

@@ -212,8 +212,33 @@ extern "C" {
 /* Kernels reached only by name, through tsr_kernel_lookup, with the columns of TSR_KERNEL_LIST.
  * A kernel added here changes neither the struct nor TSR_KERNEL_TABLE_ABI, so code built
  * against an older header keeps working unchanged, and code that uses the kernel runs with any
- * library: lookup answers NULL where the kernel is not served yet. None so far. */
-#define TSR_KERNEL_LOOKUP_LIST(X)
+ * library: lookup answers NULL where the kernel is not served yet. Since ABI 1.3: attention with
+ * segment ids (document masking, tessera/kernels.h). */
+#define TSR_KERNEL_LOOKUP_LIST(X)                                                                  \
+  X(attention_forward_seg, dev, tsr_status,                                                        \
+    (float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *q_pos, \
+     const int32_t *k_pos, const int32_t *q_seg, const int32_t *k_seg, int B, int Hq, int Hkv,     \
+     int Lq, int Lk, int D, bool causal),                                                          \
+    (out, lse, q, k, v, q_pos, k_pos, q_seg, k_seg, B, Hq, Hkv, Lq, Lk, D, causal))                \
+  X(attention_backward_seg, dev, tsr_status,                                                       \
+    (float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,           \
+     const float *v, const float *out, const float *lse, const int32_t *q_pos,                     \
+     const int32_t *k_pos, const int32_t *q_seg, const int32_t *k_seg, int B, int Hq, int Hkv,     \
+     int Lq, int Lk, int D, bool causal),                                                          \
+    (dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_seg, k_seg, B, Hq, Hkv, Lq, Lk, D,       \
+     causal))                                                                                      \
+  X(attention_forward_seg_blhd, dev, tsr_status,                                                   \
+    (float *out, float *lse, const float *q, const float *k, const float *v, const int32_t *q_pos, \
+     const int32_t *k_pos, const int32_t *q_seg, const int32_t *k_seg, int B, int Hq, int Hkv,     \
+     int Lq, int Lk, int D, bool causal),                                                          \
+    (out, lse, q, k, v, q_pos, k_pos, q_seg, k_seg, B, Hq, Hkv, Lq, Lk, D, causal))                \
+  X(attention_backward_seg_blhd, dev, tsr_status,                                                  \
+    (float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,           \
+     const float *v, const float *out, const float *lse, const int32_t *q_pos,                     \
+     const int32_t *k_pos, const int32_t *q_seg, const int32_t *k_seg, int B, int Hq, int Hkv,     \
+     int Lq, int Lk, int D, bool causal),                                                          \
+    (dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_seg, k_seg, B, Hq, Hkv, Lq, Lk, D,       \
+     causal))
 /* clang-format on */
 
 #define TSR_KERNEL_MEMBER_(name, kind, ret, params, args) ret(*name) params;

@@ -212,6 +212,19 @@ TSR_API void tsr_data_set_step(tsr_data_t *d, int64_t step);
 /* NULL is a no-op. */
 TSR_API void tsr_data_close(tsr_data_t *d);
 
+/* Document masking ([data] mask = document, docs/data.md), since ABI 1.3. Reads the document
+ * index at `index_path` (tessera/doc_index.h; checked whole, and against the token file) of a
+ * tokens: or tokens32: source; TSR_EINVAL naming the source for any other kind, TSR_EIO or
+ * TSR_EINVAL naming the index when it is missing or does not pair with the file. From then on
+ * tsr_data_next ignores (-100) the label of every input token that ends a document: the next
+ * document is not predicted from this one. */
+TSR_API tsr_status tsr_data_use_documents(tsr_data_t *d, const char *index_path);
+/* For the batch the last tsr_data_next returned, each (batch, seq_len) row-major: seg[b, i] the
+ * document of input token i, numbered from 0 in each row, and pos[b, i] its position in it, from
+ * 0 at the document's first token or at the row's start. TSR_EINVAL before tsr_data_next or
+ * without tsr_data_use_documents. */
+TSR_API tsr_status tsr_data_documents(const tsr_data_t *d, int32_t *seg, int32_t *pos);
+
 /* ---- dumps ---- */
 
 #define TSR_DUMP_FORMAT "tessera-dump-v1"

@@ -305,6 +305,40 @@ TSR_API tsr_status tsr_kernel_attention_backward_blhd(
     const int32_t *k_pos /* (Lk) or NULL */, int B, int Hq, int Hkv, int Lq, int Lk, int D,
     bool causal);
 
+/* Document masking (since ABI 1.3): the four kernels above with segment ids. q_seg (B, Lq) and
+ * k_seg (B, Lk) i32 name each row's document; query i of batch row b sees key j only when
+ * q_seg[b, i] == k_seg[b, j], besides the causal rule on positions. A query that sees no key (in
+ * a block of another rank's keys, say) gets out = 0 and lse = -inf, as above. Reached through
+ * the kernel table by name (tsr_kernel_lookup). */
+TSR_API tsr_status tsr_kernel_attention_forward_seg(
+    float *out /* (B, Hq, Lq, D) */, float *lse /* (B, Hq, Lq) */,
+    const float *q /* (B, Hq, Lq, D) */, const float *k /* (B, Hkv, Lk, D) */,
+    const float *v /* (B, Hkv, Lk, D) */, const int32_t *q_pos /* (Lq) or NULL */,
+    const int32_t *k_pos /* (Lk) or NULL */, const int32_t *q_seg /* (B, Lq) */,
+    const int32_t *k_seg /* (B, Lk) */, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
+TSR_API tsr_status tsr_kernel_attention_backward_seg(
+    float *dq /* (B, Hq, Lq, D) */, float *dk /* (B, Hkv, Lk, D) */,
+    float *dv /* (B, Hkv, Lk, D) */, const float *dout /* (B, Hq, Lq, D) */,
+    const float *q /* (B, Hq, Lq, D) */, const float *k /* (B, Hkv, Lk, D) */,
+    const float *v /* (B, Hkv, Lk, D) */, const float *out /* (B, Hq, Lq, D) */,
+    const float *lse /* (B, Hq, Lq) */, const int32_t *q_pos /* (Lq) or NULL */,
+    const int32_t *k_pos /* (Lk) or NULL */, const int32_t *q_seg /* (B, Lq) */,
+    const int32_t *k_seg /* (B, Lk) */, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
+TSR_API tsr_status tsr_kernel_attention_forward_seg_blhd(
+    float *out /* (B, Lq, Hq, D) */, float *lse /* (B, Hq, Lq) */,
+    const float *q /* (B, Lq, Hq, D) */, const float *k /* (B, Lk, Hkv, D) */,
+    const float *v /* (B, Lk, Hkv, D) */, const int32_t *q_pos /* (Lq) or NULL */,
+    const int32_t *k_pos /* (Lk) or NULL */, const int32_t *q_seg /* (B, Lq) */,
+    const int32_t *k_seg /* (B, Lk) */, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
+TSR_API tsr_status tsr_kernel_attention_backward_seg_blhd(
+    float *dq /* (B, Lq, Hq, D) */, float *dk /* (B, Lk, Hkv, D) */,
+    float *dv /* (B, Lk, Hkv, D) */, const float *dout /* (B, Lq, Hq, D) */,
+    const float *q /* (B, Lq, Hq, D) */, const float *k /* (B, Lk, Hkv, D) */,
+    const float *v /* (B, Lk, Hkv, D) */, const float *out /* (B, Lq, Hq, D) */,
+    const float *lse /* (B, Hq, Lq) */, const int32_t *q_pos /* (Lq) or NULL */,
+    const int32_t *k_pos /* (Lk) or NULL */, const int32_t *q_seg /* (B, Lq) */,
+    const int32_t *k_seg /* (B, Lk) */, int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal);
+
 /* Combines two partial attention results over disjoint key sets A and B into the result over
  * A ∪ B: lse = log(exp(lse_a) + exp(lse_b)), out = exp(lse_a − lse)·out_a + exp(lse_b − lse)·out_b,
  * computed against the larger lse so nothing overflows; two -inf rows give out = 0, lse = -inf.

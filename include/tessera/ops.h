@@ -93,6 +93,18 @@ TSR_API tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var *
 TSR_API tsr_status tsr_op_sdpa(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, bool causal,
                                tsr_var **out);
 
+/* Document masking (since ABI 1.3). rope_doc rotates x (B, L, H, D) by per-token positions
+ * pos (B, L) i32 (a document's tokens from 0); sdpa_doc is causal attention in which query i sees
+ * key j only when seg[b, i] == seg[b, j] (the same document of a packed row). pos and seg are
+ * global (B, L) vars placed anywhere; the op moves them to the activation's batch and sequence
+ * shards first. A communicating rule receives them as the last input and tsr_sdpa_attrs /
+ * tsr_rope_attrs as attributes; the kernels with segment ids are the *_seg entries of
+ * tessera/kernels.h. */
+TSR_API tsr_status tsr_op_rope_doc(tsr_tape_t *t, tsr_var *x, tsr_var *pos, float theta,
+                                   tsr_var **out);
+TSR_API tsr_status tsr_op_sdpa_doc(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, tsr_var *seg,
+                                   tsr_var **out);
+
 /* out = a + b, same shapes. */
 TSR_API tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out);
 

@@ -64,6 +64,13 @@ TSR_API int64_t tsr_registry_redistribute_uses(const tsr_registry_t *reg, int i)
 #define TSR_OP_MOE_ROUTER   "moe_router"
 #define TSR_OP_MOE_EXPERTS  "moe_experts"
 #define TSR_OP_MOE_AUX_LOSS "moe_aux_loss"
+/* Since ABI 1.3, document masking ([data] mask = document; tessera/ops.h): the per-token data is
+ * an i32 input laid out like the activation's rows (its batch and sequence shards, whole over
+ * heads). Rules for rope and sdpa are never asked for these ops.
+ *   rope_doc (x (B, L, H, D), pos (B, L) i32) -> (B, L, H, D)
+ *   sdpa_doc (q (B, L, Hq, D), k, v (B, L, Hkv, D), seg (B, L) i32) -> q's */
+#define TSR_OP_ROPE_DOC "rope_doc"
+#define TSR_OP_SDPA_DOC "sdpa_doc"
 
 /* The Llama model's modules. "embedding" also lays out the model's data on each dim: its `input`
  * is the placement of the token ids and of the labels (B, L), its `output` that of the hidden

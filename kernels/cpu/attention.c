@@ -25,6 +25,8 @@ typedef struct attn_args {
   const float *dout, *fout; /* backward: upstream gradient and forward output */
   const float *flse;        /* backward: forward lse */
   const int32_t *q_pos, *k_pos;
+  /* NULL, or the document of each row: a query sees only keys of its own document */
+  const int32_t *q_seg, *k_seg; /* (B, Lq), (B, Lk) */
   int Hq, Hkv, Lq, Lk, D;
   int bq;    /* query rows per tile */
   bool blhd; /* q/out/dq/dout are (B, Lq, Hq, D) and k/v/dk/dv (B, Lk, Hkv, D) */
@@ -103,13 +105,32 @@ static tile_mask classify(bool causal, span qs, span ks) {
   return TILE_SOME;
 }
 
-/* Sets the invisible entries of the (nq, nk) score tile to -inf. */
-static void mask_tile(float *s, const attn_args *a, int i0, int nq, int j0, int nk) {
+/* The tile of batch row b with nq queries from i0 and nk keys from j0 (key positions ks): the
+ * causal class, narrowed by the documents when there are segment ids. Tiles of two disjoint sets
+ * of documents are skipped like future ones; a tile of one document on both sides is plain causal.
+ */
+static tile_mask tile_of(const attn_args *a, int64_t b, int i0, int nq, int j0, int nk, span ks) {
+  tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
+  if (tm == TILE_NONE || !a->q_seg) return tm;
+  span qg = span_of(a->q_seg + b * a->Lq, i0, nq), kg = span_of(a->k_seg + b * a->Lk, j0, nk);
+  if (qg.hi < kg.lo || kg.hi < qg.lo) return TILE_NONE;
+  if (qg.lo == qg.hi && kg.lo == kg.hi) return tm;
+  return TILE_SOME;
+}
+
+/* Sets the invisible entries of batch row b's (nq, nk) score tile to -inf. */
+static void mask_tile(float *s, const attn_args *a, int64_t b, int i0, int nq, int j0, int nk) {
+  const int32_t *qg = a->q_seg ? a->q_seg + b * a->Lq : NULL;
+  const int32_t *kg = a->k_seg ? a->k_seg + b * a->Lk : NULL;
   for (int i = 0; i < nq; i++) {
     int32_t qp = pos_at(a->q_pos, i0 + i);
     float *si = s + (int64_t)i * nk;
-    for (int j = 0; j < nk; j++)
-      if (pos_at(a->k_pos, j0 + j) > qp) si[j] = -INFINITY;
+    if (a->causal)
+      for (int j = 0; j < nk; j++)
+        if (pos_at(a->k_pos, j0 + j) > qp) si[j] = -INFINITY;
+    if (qg)
+      for (int j = 0; j < nk; j++)
+        if (kg[j0 + j] != qg[i0 + i]) si[j] = -INFINITY;
   }
 }
 
@@ -155,11 +176,11 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
       bool transposed = false;
       for (int i0 = 0; i0 < Lq; i0 += bq) {
         int nq = Lq - i0 < bq ? Lq - i0 : bq;
-        tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
+        tile_mask tm = tile_of(a, b, i0, nq, j0, nk, ks);
         if (tm == TILE_NONE) continue; /* a fully masked tile changes nothing */
         if (!transposed) transpose(kt, kh + j0 * sk, sk, nk, D), transposed = true;
         gemm_ld(s, nk, qh + i0 * sq, sq, kt, nk, nq, nk, D, false, false, a->scale, 0.0f);
-        if (tm == TILE_SOME) mask_tile(s, a, i0, nq, j0, nk);
+        if (tm == TILE_SOME) mask_tile(s, a, b, i0, nq, j0, nk);
         for (int i = 0; i < nq; i++) {
           float *si = s + (int64_t)i * nk;
           float bm = -INFINITY;
@@ -203,8 +224,8 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
 
 static tsr_status attention_forward_impl(float *out, float *lse, const float *q, const float *k,
                                          const float *v, const int32_t *q_pos, const int32_t *k_pos,
-                                         int B, int Hq, int Hkv, int Lq, int Lk, int D, bool causal,
-                                         bool blhd) {
+                                         const int32_t *q_seg, const int32_t *k_seg, int B, int Hq,
+                                         int Hkv, int Lq, int Lk, int D, bool causal, bool blhd) {
   TSR_CHECK(check_shapes("attention forward", B, Hq, Hkv, Lq, Lk, D));
   attn_args a = {.out = out,
                  .lse = lse,
@@ -213,6 +234,8 @@ static tsr_status attention_forward_impl(float *out, float *lse, const float *q,
                  .v = v,
                  .q_pos = q_pos,
                  .k_pos = k_pos,
+                 .q_seg = q_seg,
+                 .k_seg = k_seg,
                  .Hq = Hq,
                  .Hkv = Hkv,
                  .Lq = Lq,
@@ -234,8 +257,8 @@ tsr_status tsr_kernel_attention_forward(float *out, float *lse, const float *q, 
                                         int B, int Hq, int Hkv, int Lq, int Lk, int D,
                                         bool causal) {
   int64_t t0 = tsr_profile_begin();
-  tsr_status r =
-      attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal, false);
+  tsr_status r = attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, NULL, NULL, B, Hq, Hkv, Lq,
+                                        Lk, D, causal, false);
   tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
   return r;
 }
@@ -245,8 +268,8 @@ tsr_status tsr_kernel_attention_forward_blhd(float *out, float *lse, const float
                                              const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
                                              int Lk, int D, bool causal) {
   int64_t t0 = tsr_profile_begin();
-  tsr_status r =
-      attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, B, Hq, Hkv, Lq, Lk, D, causal, true);
+  tsr_status r = attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, NULL, NULL, B, Hq, Hkv, Lq,
+                                        Lk, D, causal, true);
   tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
   return r;
 }
@@ -293,7 +316,7 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
         bool transposed = false;
         for (int i0 = 0; i0 < Lq; i0 += bq) {
           int nq = Lq - i0 < bq ? Lq - i0 : bq;
-          tile_mask tm = classify(a->causal, span_of(a->q_pos, i0, nq), ks);
+          tile_mask tm = tile_of(a, b, i0, nq, j0, nk, ks);
           if (tm == TILE_NONE) continue;
           if (!transposed) {
             transpose(kt, kh + j0 * sk, sk, nk, D);
@@ -302,7 +325,7 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
           }
           const float *qt = qb + i0 * sq, *gt = gb + i0 * sq;
           gemm_ld(p, nk, qt, sq, kt, nk, nq, nk, D, false, false, a->scale, 0.0f);
-          if (tm == TILE_SOME) mask_tile(p, a, i0, nq, j0, nk);
+          if (tm == TILE_SOME) mask_tile(p, a, b, i0, nq, j0, nk);
           for (int i = 0; i < nq; i++) {
             float *pi = p + (int64_t)i * nk;
             float li = lb[i0 + i];
@@ -332,7 +355,8 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
 static tsr_status attention_backward_impl(float *dq, float *dk, float *dv, const float *dout,
                                           const float *q, const float *k, const float *v,
                                           const float *out, const float *lse, const int32_t *q_pos,
-                                          const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
+                                          const int32_t *k_pos, const int32_t *q_seg,
+                                          const int32_t *k_seg, int B, int Hq, int Hkv, int Lq,
                                           int Lk, int D, bool causal, bool blhd) {
   TSR_CHECK(check_shapes("attention backward", B, Hq, Hkv, Lq, Lk, D));
   attn_args a = {.dq = dq,
@@ -346,6 +370,8 @@ static tsr_status attention_backward_impl(float *dq, float *dk, float *dv, const
                  .flse = lse,
                  .q_pos = q_pos,
                  .k_pos = k_pos,
+                 .q_seg = q_seg,
+                 .k_seg = k_seg,
                  .Hq = Hq,
                  .Hkv = Hkv,
                  .Lq = Lq,
@@ -369,8 +395,8 @@ tsr_status tsr_kernel_attention_backward(float *dq, float *dk, float *dv, const 
                                          const int32_t *k_pos, int B, int Hq, int Hkv, int Lq,
                                          int Lk, int D, bool causal) {
   int64_t t0 = tsr_profile_begin();
-  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq,
-                                         Hkv, Lq, Lk, D, causal, false);
+  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, NULL,
+                                         NULL, B, Hq, Hkv, Lq, Lk, D, causal, false);
   tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
   return r;
 }
@@ -381,8 +407,62 @@ tsr_status tsr_kernel_attention_backward_blhd(float *dq, float *dk, float *dv, c
                                               const int32_t *q_pos, const int32_t *k_pos, int B,
                                               int Hq, int Hkv, int Lq, int Lk, int D, bool causal) {
   int64_t t0 = tsr_profile_begin();
-  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, B, Hq,
-                                         Hkv, Lq, Lk, D, causal, true);
+  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, NULL,
+                                         NULL, B, Hq, Hkv, Lq, Lk, D, causal, true);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
+/* Document masking: the same kernels with segment ids (tessera/kernels.h). */
+
+tsr_status tsr_kernel_attention_forward_seg(float *out, float *lse, const float *q, const float *k,
+                                            const float *v, const int32_t *q_pos,
+                                            const int32_t *k_pos, const int32_t *q_seg,
+                                            const int32_t *k_seg, int B, int Hq, int Hkv, int Lq,
+                                            int Lk, int D, bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, q_seg, k_seg, B, Hq, Hkv,
+                                        Lq, Lk, D, causal, false);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
+tsr_status tsr_kernel_attention_forward_seg_blhd(float *out, float *lse, const float *q,
+                                                 const float *k, const float *v,
+                                                 const int32_t *q_pos, const int32_t *k_pos,
+                                                 const int32_t *q_seg, const int32_t *k_seg, int B,
+                                                 int Hq, int Hkv, int Lq, int Lk, int D,
+                                                 bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = attention_forward_impl(out, lse, q, k, v, q_pos, k_pos, q_seg, k_seg, B, Hq, Hkv,
+                                        Lq, Lk, D, causal, true);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
+tsr_status tsr_kernel_attention_backward_seg(float *dq, float *dk, float *dv, const float *dout,
+                                             const float *q, const float *k, const float *v,
+                                             const float *out, const float *lse,
+                                             const int32_t *q_pos, const int32_t *k_pos,
+                                             const int32_t *q_seg, const int32_t *k_seg, int B,
+                                             int Hq, int Hkv, int Lq, int Lk, int D, bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_seg,
+                                         k_seg, B, Hq, Hkv, Lq, Lk, D, causal, false);
+  tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
+  return r;
+}
+
+tsr_status tsr_kernel_attention_backward_seg_blhd(float *dq, float *dk, float *dv,
+                                                  const float *dout, const float *q, const float *k,
+                                                  const float *v, const float *out,
+                                                  const float *lse, const int32_t *q_pos,
+                                                  const int32_t *k_pos, const int32_t *q_seg,
+                                                  const int32_t *k_seg, int B, int Hq, int Hkv,
+                                                  int Lq, int Lk, int D, bool causal) {
+  int64_t t0 = tsr_profile_begin();
+  tsr_status r = attention_backward_impl(dq, dk, dv, dout, q, k, v, out, lse, q_pos, k_pos, q_seg,
+                                         k_seg, B, Hq, Hkv, Lq, Lk, D, causal, true);
   tsr_profile_end(TSR_KERNEL_ATTENTION, t0);
   return r;
 }

@@ -578,9 +578,15 @@ static tsr_status attention(tsr_llama_t *m, tsr_tape_t *t, const llama_layer *y,
   TSR_CHECK(split_heads(t, q, c->num_attention_heads, D, &qh));
   TSR_CHECK(split_heads(t, k, c->num_key_value_heads, D, &kh));
   TSR_CHECK(split_heads(t, v, c->num_key_value_heads, D, &vh));
-  TSR_CHECK(tsr_op_rope(t, qh, c->rope_theta, &qr));
-  TSR_CHECK(tsr_op_rope(t, kh, c->rope_theta, &kr));
-  TSR_CHECK(tsr_op_sdpa(t, qr, kr, vh, true, &a));
+  if (m->doc_seg) { /* [data] mask = document */
+    TSR_CHECK(tsr_op_rope_doc(t, qh, m->doc_pos, c->rope_theta, &qr));
+    TSR_CHECK(tsr_op_rope_doc(t, kh, m->doc_pos, c->rope_theta, &kr));
+    TSR_CHECK(tsr_op_sdpa_doc(t, qr, kr, vh, m->doc_seg, &a));
+  } else {
+    TSR_CHECK(tsr_op_rope(t, qh, c->rope_theta, &qr));
+    TSR_CHECK(tsr_op_rope(t, kh, c->rope_theta, &kr));
+    TSR_CHECK(tsr_op_sdpa(t, qr, kr, vh, true, &a));
+  }
   TSR_CHECK(merge_heads(t, a, &am));
   TSR_CHECK(linear(m, t, TSR_STYLE_ROW_LINEAR, am, y->o_proj, &o));
   return styled(m, t, TSR_STYLE_ATTENTION, true, o, out);
@@ -675,6 +681,18 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
   TSR_CHECK(place_input(m, t, labels, smesh(m, last), &lab));
   TSR_CHECK(tsr_op_cross_entropy(t, *logits, lab, loss));
   return add_aux_loss(m, t, stats, loss);
+}
+
+tsr_status tsr_llama_set_documents(tsr_llama_t *m, tsr_var *seg, tsr_var *pos) {
+  if (!seg != !pos)
+    return TSR_ERROR(TSR_EINVAL, "document masking takes both segment ids and positions");
+  if (seg && m->cfg.checkpoint_every > 0)
+    return TSR_ERROR(TSR_ENOTSUP,
+                     "[data] mask = document with [model] activation_checkpointing = full is not "
+                     "supported yet: the recomputed layers would not see the documents");
+  m->doc_seg = seg;
+  m->doc_pos = pos;
+  return TSR_OK;
 }
 
 /* ---- one pipeline stage at a time ---- */

@@ -142,6 +142,14 @@ tsr_status tsr_llama_batch(tsr_rank_t *r, const tsr_mesh_t *mesh, int64_t B, int
 tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_var *labels,
                              tsr_var **logits, tsr_var **loss);
 
+/* Document masking ([data] mask = document, docs/data.md): seg and pos, (B, L) i32 leaves as
+ * tsr_llama_batch makes them on the mesh the forward runs on (a stage's mesh under a pipeline),
+ * are the segment ids and positions of the batch the following forwards take: RoPE rotates by
+ * pos and attention stays inside each segment. NULL, NULL: causal over the row. The vars stay
+ * the caller's and must outlive the forward and its backward. Refused (TSR_ENOTSUP) with
+ * activation checkpointing, whose recomputation would not see them. */
+tsr_status tsr_llama_set_documents(tsr_llama_t *m, tsr_var *seg, tsr_var *pos);
+
 /* ---- Stage by stage, for pipeline schedules ---- */
 
 /* The mesh dim the layers are split over in stages (tsr_registry_stage_dim), "" for none. */

@@ -44,6 +44,11 @@ struct tsr_llama_t {
   tsr_var **params;        /* (nparams) in HF order, pointing at the fields above */
   char (*names)[NAME_LEN]; /* (nparams) */
   tsr_tensor *storage;     /* every parameter's local tensor is a view into this */
+  /* document masking: the (B, L) i32 segment ids and positions of the forward running now, on
+   * its stage's mesh (tsr_llama_set_documents), and the host ones of a pipeline step
+   * (tsr_llama_pipe_documents); NULL: causal */
+  tsr_var *doc_seg, *doc_pos;
+  const int32_t *doc_host_seg, *doc_host_pos; /* (rows, seq) aligned with the step's ids */
 };
 
 /* The decoder layer's ops on `h`, adding an MoE layer's router stats to *stats (llama.c). */

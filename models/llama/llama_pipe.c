@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "llama_impl.h"
 #include "llama_pipe.h"
 #include "tessera/breadcrumb.h"
 
@@ -29,6 +30,7 @@ typedef struct mb_state {
   int64_t row0, rows, valid; /* shared by the chunks of a microbatch */
   tsr_tape_t *tape;
   tsr_var *ids, *labels; /* leaves on this stage's mesh, when the stage needs them */
+  tsr_var *seg, *pos;    /* (rows, seq) document leaves on this stage's mesh, or NULL */
   tsr_var *in;           /* input activation (stages > 0) */
   tsr_var *out;          /* forward output, owned by the tape */
   tsr_var *loss;         /* last stage */
@@ -107,6 +109,9 @@ static void mb_release(pipe_ctx *p, mb_state *b) {
   if (b->tape) tsr_tape_reset(b->tape);
   tsr_var_free(b->ids);
   tsr_var_free(b->labels);
+  tsr_var_free(b->seg);
+  tsr_var_free(b->pos);
+  b->seg = b->pos = NULL;
   tsr_var_free(b->in);
   tsr_dtensor_free(b->gout);
   b->ids = b->labels = b->in = b->out = b->loss = NULL;
@@ -131,8 +136,15 @@ static tsr_status do_forward(pipe_ctx *p, int k, int chunk, const int32_t *ids,
   if (s == 0) TSR_CHECK(host_leaf(p, ids, b, &b->ids));
   if (s == last) TSR_CHECK(host_leaf(p, labels, b, &b->labels));
   tsr_var *logits = NULL;
-  TSR_CHECK(tsr_llama_forward_stage(p->m, b->tape, s, b->ids, b->in, b->labels, &b->out, &logits,
-                                    &b->loss));
+  if (p->m->doc_host_seg) { /* every stage's attention reads the documents */
+    TSR_CHECK(host_leaf(p, p->m->doc_host_seg, b, &b->seg));
+    TSR_CHECK(host_leaf(p, p->m->doc_host_pos, b, &b->pos));
+  }
+  TSR_CHECK(tsr_llama_set_documents(p->m, b->seg, b->pos));
+  tsr_status fst = tsr_llama_forward_stage(p->m, b->tape, s, b->ids, b->in, b->labels, &b->out,
+                                           &logits, &b->loss);
+  tsr_llama_set_documents(p->m, NULL, NULL);
+  TSR_CHECK(fst);
   b->live = true;
   if (++p->in_flight > p->peak) p->peak = p->in_flight;
   if (s == last) {
@@ -382,6 +394,14 @@ static tsr_status broadcast_results(pipe_ctx *p, const tsr_mesh_t *job_mesh, int
   }
   return tsr_comm_broadcast(g, tsr_tensor_data(res->logits), (size_t)tsr_tensor_numel(res->logits),
                             TSR_F32, root);
+}
+
+tsr_status tsr_llama_pipe_documents(tsr_llama_t *m, const int32_t *seg, const int32_t *pos) {
+  if (!seg != !pos)
+    return TSR_ERROR(TSR_EINVAL, "document masking takes both segment ids and positions");
+  m->doc_host_seg = seg;
+  m->doc_host_pos = pos;
+  return TSR_OK;
 }
 
 tsr_status tsr_llama_pipe_step(tsr_llama_t *m, const tsr_mesh_t *job_mesh,

@@ -51,6 +51,10 @@ tsr_status tsr_llama_pipe_step(tsr_llama_t *m, const tsr_mesh_t *job_mesh,
                                const int32_t *labels, int64_t rows, int64_t seq, bool train,
                                bool want_logits, tsr_pipe_result *res);
 void tsr_pipe_result_free(tsr_pipe_result *res);
+/* Document masking under a pipeline: host segment ids and positions (rows, seq), aligned with
+ * the ids of the following tsr_llama_pipe_step calls; each stage makes its microbatch's leaves
+ * from them (tsr_llama_set_documents). NULL, NULL: causal. */
+tsr_status tsr_llama_pipe_documents(tsr_llama_t *m, const int32_t *seg, const int32_t *pos);
 
 /* A schedule's simulated timeline: each rank runs its compute actions in list order, a forward
  * waits for the previous stage's forward of the microbatch, a backward (or its input part) for

@@ -88,6 +88,13 @@ static tsr_status ring_register(tsr_registry_t *reg, const tsr_plugin_args *args
                       .free_saved = ring_sdpa_saved_free,
                       .ctx = s};
   TSR_CHECK(tsr_registry_add_op_rule(reg, &sdpa));
+  /* document masking: the same ring, with the segment ids of q's rows as a fourth input */
+  tsr_op_rule doc = sdpa;
+  doc.name = "cp_ring.sdpa_doc";
+  doc.op = TSR_OP_SDPA_DOC;
+  doc.ninputs = 4;
+  doc.inputs[3] = doc.grads[3] = S1;
+  TSR_CHECK(tsr_registry_add_op_rule(reg, &doc));
   /* the tokens, labels and hidden states are split along the sequence on the ring */
   TSR_CHECK(tsr_registry_add_data_split(reg, args->name, RING_DIM, S1));
   if (s->balance != RING_BALANCE_ZIGZAG) return TSR_OK;

@@ -7,6 +7,11 @@
  * stable log-sum-exp rule, so the result is the softmax over all keys without materialising the
  * scores. A block wholly in the future of every query row is skipped.
  *
+ * Document masking (sdpa_doc, a fourth input of segment ids laid out as q's rows): the segment
+ * ids of every member's block are all-gathered once, and each meeting runs the kernels with
+ * segment ids; a query row that sees no key of a block gets lse = -inf there, which the merge
+ * weighs as nothing.
+ *
  * Backward needs only the merged output and log-sum-exp: for each block, the kernel returns that
  * block's dk/dv and its share of dq. The key/value blocks travel the ring again, each with its
  * dk/dv accumulator; after n steps every block has met every query block and one more send brings
@@ -28,7 +33,17 @@ typedef struct ring_saved {
   tsr_tensor *k_pos;     /* (n, Lk) i32: positions of member j's block */
   tsr_tensor *q, *kv;    /* (B, Hq, Lq, D); own k then v, (2, B, Hkv, Lk, D) */
   tsr_tensor *out, *lse; /* merged (B, Hq, Lq, D), (B, Hq, Lq) */
+  tsr_tensor *seg;       /* (n, B, Lk) i32 every member's segment ids (sdpa_doc), or NULL */
+  tsr_kernel_fn seg_fwd, seg_bwd; /* the kernels with segment ids, with seg */
 } ring_saved;
+
+typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
+                                     const int32_t *, const int32_t *, const int32_t *,
+                                     const int32_t *, int, int, int, int, int, int, bool);
+typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
+                                      const float *, const float *, const float *, const float *,
+                                      const int32_t *, const int32_t *, const int32_t *,
+                                      const int32_t *, int, int, int, int, int, int, bool);
 
 void ring_sdpa_saved_free(void *p) {
   ring_saved *s = p;
@@ -40,7 +55,34 @@ void ring_sdpa_saved_free(void *p) {
   tsr_tensor_free(s->kv);
   tsr_tensor_free(s->out);
   tsr_tensor_free(s->lse);
+  tsr_tensor_free(s->seg);
   free(s);
+}
+
+/* Member j's segment ids, (B, Lk) in s->seg. */
+static const int32_t *seg_of(const ring_saved *s, int j) {
+  return (const int32_t *)tsr_tensor_data(s->seg) + (size_t)j * s->B * s->Lk;
+}
+
+/* sdpa_doc: every member's segment ids (`seg` holds this rank's, laid out as its rows) and the
+ * kernels that read them. */
+static tsr_status gather_segments(tsr_group_t *g, const tsr_dtensor *seg, tsr_allocator *alloc,
+                                  ring_saved *s) {
+  const tsr_kernel_table *kt = tsr_kernel_table_of(seg->local);
+  s->seg_fwd = tsr_kernel_lookup(kt, "attention_forward_seg");
+  s->seg_bwd = tsr_kernel_lookup(kt, "attention_backward_seg");
+  if (!s->seg_fwd || !s->seg_bwd)
+    return TSR_ERROR(TSR_ENOTSUP,
+                     "cp_ring: the %s device has no attention kernel with segment "
+                     "ids ([data] mask = document)",
+                     kt->name);
+  if (s->Lq != s->Lk || seg->local->shape[0] != s->B || seg->local->shape[1] != s->Lq)
+    return TSR_ERROR(TSR_EINVAL, "cp_ring: segment ids of %lld x %lld rows for q of %d x %d",
+                     (long long)seg->local->shape[0], (long long)seg->local->shape[1], s->B, s->Lq);
+  int64_t shape[3] = {s->n, s->B, s->Lk};
+  TSR_CHECK(tsr_tensor_new(alloc, TSR_I32, 3, shape, &s->seg));
+  return tsr_comm_all_gather(g, tsr_tensor_data(seg->local), (size_t)s->B * s->Lk,
+                             tsr_tensor_data(s->seg), NULL, TSR_I32);
 }
 
 static float *fdata(const tsr_tensor *t) {
@@ -125,7 +167,7 @@ static tsr_status lse_init(const tsr_kernel_table *kt, tsr_tensor *lse) {
 tsr_status ring_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
                              const void *attrs, int nout, tsr_dtensor **out, void **saved,
                              void *ctx) {
-  (void)nin, (void)nout;
+  (void)nout;
   const tsr_dtensor *q = in[0], *k = in[1], *v = in[2];
   const tsr_sdpa_attrs *a = attrs;
   TSR_CHECK(tsr_dtensor_zeros(r, q->mesh, TSR_F32, 4, q->shape, q->placements, out));
@@ -153,6 +195,7 @@ tsr_status ring_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor 
   const tsr_kernel_table *kt = tsr_kernel_table_of(q->local);
   tsr_allocator *alloc = tsr_tensor_scratch_allocator(q->local);
   TSR_CHECK(block_positions(r, ctx, g, q, k, alloc, s));
+  if (nin == 4) TSR_CHECK(gather_segments(g, in[3], alloc, s));
   size_t nq = q_elems(s), nk = kv_elems(s), rows = (size_t)s->B * s->Hq * s->Lq;
   int64_t qshape[4] = {s->B, s->Hq, s->Lq, s->D}, kvshape[5] = {2, s->B, s->Hkv, s->Lk, s->D};
   int64_t lshape[3] = {s->B, s->Hq, s->Lq}, nwork = (int64_t)(4 * nk + nq + rows);
@@ -175,7 +218,14 @@ tsr_status ring_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor 
   int next = (s->me + 1) % s->n, prev = (s->me + s->n - 1) % s->n;
   for (int step = 0; step < s->n; step++) {
     int j = (s->me + s->n - step) % s->n;
-    if (s->visible[j]) {
+    if (s->visible[j] && s->seg) {
+      TSR_CHECK_GOTO(((seg_forward_fn)s->seg_fwd)(bout, blse, sq, cur, cur + nk, qpos,
+                                                  kpos + (size_t)j * s->Lk, seg_of(s, s->me),
+                                                  seg_of(s, j), s->B, s->Hq, s->Hkv, s->Lq, s->Lk,
+                                                  s->D, s->causal),
+                     st);
+      kt->attention_merge(sout, slse, sout, slse, bout, blse, (int)rows, s->D);
+    } else if (s->visible[j]) {
       TSR_CHECK_GOTO(kt->attention_forward(bout, blse, sq, cur, cur + nk, qpos,
                                            kpos + (size_t)j * s->Lk, s->B, s->Hq, s->Hkv, s->Lq,
                                            s->Lk, s->D, s->causal),
@@ -225,7 +275,13 @@ tsr_status ring_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor
   tsr_status st = TSR_OK;
   for (int step = 0; step < s->n; step++) {
     int j = (s->me + s->n - step) % s->n;
-    if (s->visible[j])
+    if (s->visible[j] && s->seg)
+      TSR_CHECK_GOTO(((seg_backward_fn)s->seg_bwd)(
+                         dq, cur + 2 * nk, cur + 3 * nk, dout, sq, cur, cur + nk, sout, slse, qpos,
+                         kpos + (size_t)j * s->Lk, seg_of(s, s->me), seg_of(s, j), s->B, s->Hq,
+                         s->Hkv, s->Lq, s->Lk, s->D, s->causal),
+                     st);
+    else if (s->visible[j])
       TSR_CHECK_GOTO(kt->attention_backward(dq, cur + 2 * nk, cur + 3 * nk, dout, sq, cur, cur + nk,
                                             sout, slse, qpos, kpos + (size_t)j * s->Lk, s->B, s->Hq,
                                             s->Hkv, s->Lq, s->Lk, s->D, s->causal),

@@ -78,6 +78,13 @@ static tsr_status ulysses_register(tsr_registry_t *reg, const tsr_plugin_args *a
                       .free_saved = ulysses_sdpa_saved_free,
                       .composes = true};
   TSR_CHECK(tsr_registry_add_op_rule(reg, &sdpa));
+  /* document masking: the same moves, with the segment ids of q's rows as a fourth input */
+  tsr_op_rule doc = sdpa;
+  doc.name = "cp_ulysses.sdpa_doc";
+  doc.op = TSR_OP_SDPA_DOC;
+  doc.ninputs = 4;
+  doc.inputs[3] = doc.grads[3] = S1;
+  TSR_CHECK(tsr_registry_add_op_rule(reg, &doc));
   /* the tokens, labels and hidden states are split along the sequence */
   return tsr_registry_add_data_split(reg, args->name, ULYSSES_DIM, S1);
 }

@@ -13,6 +13,10 @@
  * rule (ring attention on ring_cp): the call is handed to that rule with the head-sharded inputs,
  * which is "Ulysses inside, ring across" for either order of the two dims in the mesh.
  *
+ * Document masking (sdpa_doc, segment ids (B, L) as a fourth input placed as q's rows): the ids
+ * are gathered along this dim, as the move makes the sequence whole here, and go with the call
+ * to the ring or to the local kernels with segment ids.
+ *
  * Tensor memory is only ever touched through the kernel table of the tensors' device, and the
  * scratch lives beside them, so the rule runs unchanged on the CPU, the emulated device and CUDA.
  */
@@ -23,6 +27,14 @@
 
 /* Attention computed here when no other dim communicates: whole sequence, local heads. The
  * buffers live beside q (host memory for a host q, q's device otherwise). */
+typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
+                                     const int32_t *, const int32_t *, const int32_t *,
+                                     const int32_t *, int, int, int, int, int, int, bool);
+typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
+                                      const float *, const float *, const float *, const float *,
+                                      const int32_t *, const int32_t *, const int32_t *,
+                                      const int32_t *, int, int, int, int, int, int, bool);
+
 typedef struct local_attn {
   int B, L, Hq, Hkv, D;
   tsr_tensor *q, *k, *v, *out, *lse; /* (B, H, L, D), lse (B, Hq, L) */
@@ -32,6 +44,7 @@ typedef struct ulysses_saved {
   int expand;                   /* each local kv head repeated this many times before the move */
   tsr_dtensor *q, *k, *v, *out; /* head-sharded on the dim */
   tsr_op_deferral *inner;       /* another dim's rule handed the call, or NULL */
+  tsr_dtensor *seg;             /* sdpa_doc: segment ids whole on the dim, or NULL */
   local_attn *local;            /* when inner is NULL */
 } ulysses_saved;
 
@@ -52,6 +65,7 @@ void ulysses_sdpa_saved_free(void *p) {
   tsr_dtensor_free(s->k);
   tsr_dtensor_free(s->v);
   tsr_dtensor_free(s->out);
+  tsr_dtensor_free(s->seg);
   tsr_op_deferral_free(s->inner);
   local_free(s->local);
   free(s);
@@ -166,8 +180,17 @@ static tsr_status local_forward(tsr_rank_t *r, ulysses_saved *s, bool causal) {
   kt->blhd_to_bhld(data(a->q), fdata(q), a->B, a->L, a->Hq, a->D);
   kt->blhd_to_bhld(data(a->k), fdata(k), a->B, a->L, a->Hkv, a->D);
   kt->blhd_to_bhld(data(a->v), fdata(v), a->B, a->L, a->Hkv, a->D);
-  TSR_CHECK(kt->attention_forward(data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v),
-                                  NULL, NULL, a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal));
+  if (s->seg) {
+    tsr_kernel_fn fn = tsr_kernel_lookup(kt, "attention_forward_seg");
+    if (!fn) return TSR_ERROR(TSR_ENOTSUP, "ulysses_cp: no attention kernel with segment ids");
+    const int32_t *sg = tsr_tensor_data(s->seg->local);
+    TSR_CHECK(((seg_forward_fn)fn)(data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v),
+                                   NULL, NULL, sg, sg, a->B, a->Hq, a->Hkv, a->L, a->L, a->D,
+                                   causal));
+  } else {
+    TSR_CHECK(kt->attention_forward(data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v),
+                                    NULL, NULL, a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal));
+  }
   kt->bhld_to_blhd(fdata(s->out), data(a->out), a->B, a->L, a->Hq, a->D);
   return TSR_OK;
 }
@@ -186,9 +209,19 @@ static tsr_status local_backward(tsr_rank_t *r, const ulysses_saved *s, const ts
   float *dout = data(w), *dq = dout + nq, *dk = dq + nq, *dv = dk + nk;
   const tsr_kernel_table *kt = tsr_kernel_table_of(g->local);
   kt->blhd_to_bhld(dout, fdata(g), a->B, a->L, a->Hq, a->D);
-  tsr_status st = kt->attention_backward(dq, dk, dv, dout, data(a->q), data(a->k), data(a->v),
-                                         data(a->out), data(a->lse), NULL, NULL, a->B, a->Hq,
-                                         a->Hkv, a->L, a->L, a->D, causal);
+  tsr_status st = TSR_OK;
+  if (s->seg) {
+    tsr_kernel_fn fn = tsr_kernel_lookup(kt, "attention_backward_seg");
+    const int32_t *sg = tsr_tensor_data(s->seg->local);
+    st = fn ? ((seg_backward_fn)fn)(dq, dk, dv, dout, data(a->q), data(a->k), data(a->v),
+                                    data(a->out), data(a->lse), NULL, NULL, sg, sg, a->B, a->Hq,
+                                    a->Hkv, a->L, a->L, a->D, causal)
+            : TSR_ERROR(TSR_ENOTSUP, "ulysses_cp: no attention kernel with segment ids");
+  } else {
+    st = kt->attention_backward(dq, dk, dv, dout, data(a->q), data(a->k), data(a->v), data(a->out),
+                                data(a->lse), NULL, NULL, a->B, a->Hq, a->Hkv, a->L, a->L, a->D,
+                                causal);
+  }
   if (st == TSR_OK) {
     kt->bhld_to_blhd(fdata(gins[0]), dq, a->B, a->L, a->Hq, a->D);
     kt->bhld_to_blhd(fdata(gins[1]), dk, a->B, a->L, a->Hkv, a->D);
@@ -201,7 +234,7 @@ static tsr_status local_backward(tsr_rank_t *r, const ulysses_saved *s, const ts
 tsr_status ulysses_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *const *in,
                                 const void *attrs, int nout, tsr_dtensor **out, void **saved,
                                 void *ctx) {
-  (void)nin, (void)nout, (void)ctx;
+  (void)nout, (void)ctx;
   const tsr_dtensor *q = in[0], *k = in[1], *v = in[2];
   const tsr_sdpa_attrs *a = attrs;
   if (!q->local) return tsr_dtensor_zeros(r, q->mesh, TSR_F32, 4, q->shape, q->placements, out);
@@ -235,9 +268,15 @@ tsr_status ulysses_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtens
   TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, ke ? ke : k, k->mesh, p, &s->k), st);
   on_dim(v, dim, 2, p);
   TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, ve ? ve : v, v->mesh, p, &s->v), st);
+  if (nin == 4) { /* sdpa_doc: the segment ids of the whole sequence here */
+    memcpy(p, in[3]->placements, sizeof(tsr_placement) * TSR_MAX_MESH_DIMS);
+    p[dim] = tsr_replicate();
+    TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, in[3], in[3]->mesh, p, &s->seg), st);
+  }
   /* ring attention, when the sequence is also split over ring_cp, takes the head-sharded call */
-  const tsr_dtensor *ins[3] = {s->q, s->k, s->v};
-  TSR_CHECK_GOTO(tsr_op_defer_forward(r, TSR_OP_SDPA, dim, 3, ins, attrs, 1, &s->out, &s->inner),
+  const tsr_dtensor *ins[4] = {s->q, s->k, s->v, s->seg};
+  TSR_CHECK_GOTO(tsr_op_defer_forward(r, s->seg ? TSR_OP_SDPA_DOC : TSR_OP_SDPA, dim, nin, ins,
+                                      attrs, 1, &s->out, &s->inner),
                  st);
   if (!s->inner) {
     TSR_CHECK_GOTO(check_alone(dim, s), st);
@@ -269,8 +308,12 @@ tsr_status ulysses_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dten
   tsr_status st = TSR_OK;
   TSR_CHECK_GOTO(tsr_dtensor_redistribute(r, gouts[0], q->mesh, s->out->placements, &g), st);
   if (s->inner) {
-    const tsr_dtensor *ins[3] = {s->q, s->k, s->v}, *o[1] = {s->out}, *go[1] = {g};
-    TSR_CHECK_GOTO(tsr_op_defer_backward(r, s->inner, 3, ins, attrs, 1, o, go, g2), st);
+    const tsr_dtensor *ins[4] = {s->q, s->k, s->v, s->seg}, *o[1] = {s->out}, *go[1] = {g};
+    tsr_dtensor *g4[4] = {NULL, NULL, NULL, NULL};
+    st = tsr_op_defer_backward(r, s->inner, s->seg ? 4 : 3, ins, attrs, 1, o, go, g4);
+    for (int i = 0; i < 3; i++) g2[i] = g4[i];
+    tsr_dtensor_free(g4[3]);
+    TSR_CHECK_GOTO(st, st);
   } else {
     TSR_CHECK_GOTO(local_backward(r, s, g, a->causal, g2), st);
   }
