@@ -1,5 +1,7 @@
 /* The up-front memory check of `plan` and `run`: the training state the job's ranks will hold in
  * this process against the memory this process may use, before any model is built. */
+#define _GNU_SOURCE /* pthread_getattr_default_np */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,6 +9,7 @@
 #include <unistd.h>
 
 #include "tessera/comm.h"
+#include "tessera/kernels.h"
 #include "train.h"
 #include "train_mem.h"
 
@@ -74,8 +77,29 @@ static void cgroup_limits(mem_limit *m) {
   fclose(f);
 }
 
-/* ulimit -v (RLIMIT_AS) and ulimit -d (RLIMIT_DATA), less what this process maps already. */
-static void rlimits(mem_limit *m) {
+/* Address space a rank thread of this process takes before its first tensor: the BLAS library's
+ * per-thread GEMM buffer (OpenBLAS's BUFFER_SIZE, 128 MiB on x86-64; it retries a failed
+ * allocation of it forever, so a process short of it hangs rather than fails), a malloc arena
+ * (glibc reserves 64 MiB of address space for each, made when threads contend) and its stack. A
+ * kernel thread of a rank adds a stack. Only the ulimits count reservations: physical memory and
+ * cgroups count what is touched. */
+#define TSR_MEM_BLAS_BUFFER_BYTES ((int64_t)128 << 20)
+#define TSR_MEM_ARENA_BYTES       ((int64_t)64 << 20)
+
+typedef struct thread_space {
+  int64_t rank_threads;   /* ranks of this process (one thread each) */
+  int64_t kernel_threads; /* the ranks' extra kernel threads */
+  int64_t stack;          /* a new thread's stack (pthread's default) */
+} thread_space;
+
+static int64_t reserved(const thread_space *t, bool arenas) {
+  int64_t per_rank = TSR_MEM_BLAS_BUFFER_BYTES + t->stack + (arenas ? TSR_MEM_ARENA_BYTES : 0);
+  return t->rank_threads * per_rank + t->kernel_threads * t->stack;
+}
+
+/* ulimit -v (RLIMIT_AS) and ulimit -d (RLIMIT_DATA), less what this process maps already and what
+ * its threads will reserve. */
+static void rlimits(mem_limit *m, const thread_space *t) {
   long page = sysconf(_SC_PAGESIZE);
   int64_t mapped = 0;
   FILE *f = fopen("/proc/self/statm", "r");
@@ -87,25 +111,45 @@ static void rlimits(mem_limit *m) {
   static const struct {
     int resource;
     const char *name;
-  } limits[] = {{RLIMIT_AS, "ulimit -v"}, {RLIMIT_DATA, "ulimit -d"}};
+    bool arenas; /* an arena's reservation is PROT_NONE: address space, not data */
+  } limits[] = {{RLIMIT_AS, "ulimit -v", true}, {RLIMIT_DATA, "ulimit -d", false}};
   for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++) {
     struct rlimit rl;
     if (getrlimit(limits[i].resource, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) continue;
     int64_t cur = rl.rlim_cur > (rlim_t)INT64_MAX ? INT64_MAX : (int64_t)rl.rlim_cur;
-    char what[128];
+    int64_t threads = reserved(t, limits[i].arenas);
+    char what[512];
     snprintf(what, sizeof what,
-             "%s = %.1f MiB, less the %.1f MiB this process maps already, leaves", limits[i].name,
-             (double)cur / 1048576.0, (double)mapped / 1048576.0);
-    take(m, cur > mapped ? cur - mapped : 0, what);
+             "%s = %.1f MiB, less the %.1f MiB this process maps already and the %.1f MiB its %lld "
+             "rank thread%s reserve%s before any tensor (a %lld MiB BLAS buffer, %sa %.1f MiB "
+             "stack each, and the kernel threads' stacks), leaves",
+             limits[i].name, (double)cur / 1048576.0, (double)mapped / 1048576.0,
+             (double)threads / 1048576.0, (long long)t->rank_threads,
+             t->rank_threads == 1 ? "" : "s", t->rank_threads == 1 ? "s" : "",
+             (long long)(TSR_MEM_BLAS_BUFFER_BYTES >> 20),
+             limits[i].arenas ? "a 64 MiB malloc arena, " : "", (double)t->stack / 1048576.0);
+    int64_t left = cur - mapped - threads;
+    take(m, left > 0 ? left : 0, what);
   }
 }
 
-static mem_limit available(void) {
+/* pthread's default stack for new threads (RLIMIT_STACK, or glibc's default when unlimited). */
+static int64_t default_stack(void) {
+  pthread_attr_t attr;
+  size_t size = 8 << 20;
+  if (pthread_getattr_default_np(&attr) == 0) {
+    pthread_attr_getstacksize(&attr, &size);
+    pthread_attr_destroy(&attr);
+  }
+  return (int64_t)size;
+}
+
+static mem_limit available(const thread_space *t) {
   mem_limit m = {INT64_MAX, ""};
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) take(&m, (int64_t)pages * page, "the machine's physical memory is");
   cgroup_limits(&m);
-  rlimits(&m);
+  rlimits(&m, t);
   return m;
 }
 
@@ -150,11 +194,21 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
    * double, as the largest models times the ranks pass 2^63 bytes */
   double low = (double)per * (double)n / (double)world * (double)here;
   double high = (double)per * ((double)n + (double)mc.vocab_size * mc.hidden_size) * (double)here;
-  mem_limit m = available();
+  int64_t threads =
+      tsr_kernel_thread_budget(tsr_kernel_num_cores(), (int)(here < INT32_MAX ? here : INT32_MAX));
+  thread_space space = {here, here * (threads - 1), default_stack()};
+  mem_limit m = available(&space);
   char where[TSR_MAX_PATH + 160], ha[32], hb[32], hc[32], hd[32], items[512];
   snprintf(where, sizeof where, "%s: [model] and [mesh] shape", c->path);
-  const char *fix = "use a smaller model, more ranks (over backend = mpi, one process per rank), "
-                    "a strategy that shards the state (FSDP: dp_shard), or --force to try anyway";
+  /* an address-space limit is also met by raising it: reservations are not resident memory */
+  const char *fix = strncmp(m.what, "ulimit", 6)
+                        ? "use a smaller model, more ranks (over backend = mpi, one process per "
+                          "rank), a strategy that shards the state (FSDP: dp_shard), or --force "
+                          "to try anyway"
+                        : "raise the ulimit (address space reserved is not memory used), use a "
+                          "smaller model, more ranks (over backend = mpi, one process per rank), "
+                          "a strategy that shards the state (FSDP: dp_shard), or --force to try "
+                          "anyway";
   if (m.bytes == INT64_MAX || high <= (double)m.bytes) return TSR_OK;
   if (low > (double)m.bytes) {
     largest_items(&mc, (double)per, items, sizeof items);

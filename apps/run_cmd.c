@@ -247,7 +247,8 @@ int tsr_cmd_run(int argc, char **argv) {
   bool mpi = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "mpi");
   bool nccl = code == TSR_EXIT_OK && !strcmp(job.cfg->job.backend, "nccl");
   /* from here SIGINT and SIGTERM stop the run after the current step; a second exits at once */
-  if (code == TSR_EXIT_OK) tsr_app_stop_install(tsr_mpi_env_rank() > 0);
+  if (code == TSR_EXIT_OK)
+    tsr_app_stop_install(tsr_mpi_env_rank() > 0, tsr_config_ext_of(job.cfg)->job_stop.stop_grace_s);
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_train_run(&job, &opts);
     if (st != TSR_OK) {

@@ -13,6 +13,7 @@
 static atomic_int stop_signal;
 static volatile sig_atomic_t speak; /* whether this process writes the acknowledgement */
 static int stopped_signal;          /* the run stopped early, on this signal */
+static unsigned grace_s;            /* [job] stop_grace_s, rounded up; 0 = no limit */
 static int64_t stopped_step, stopped_end;
 
 static void say(const char *s) {
@@ -44,10 +45,26 @@ static void on_signal(int sig) {
     say(name);
     say(": stopping after the current step (send it again to exit at once)\n");
   }
+  /* a step wedged in a library call (or a checkpoint on a hung file system) would hold the stop
+   * off forever, and launchers such as `timeout` send one signal only */
+  if (grace_s) alarm(grace_s);
 }
 
-void tsr_app_stop_install(bool quiet) {
+static void on_alarm(int unused) {
+  (void)unused;
+  int sig = atomic_load(&stop_signal);
+  if (speak) {
+    say("tessera run: ");
+    say(sig == SIGINT ? "SIGINT" : "SIGTERM");
+    say(": the step and its checkpoint did not end within [job] stop_grace_s; exiting at once, "
+        "nothing more is written\n");
+  }
+  _exit(128 + (sig ? sig : SIGTERM));
+}
+
+void tsr_app_stop_install(bool quiet, double grace) {
   speak = !quiet;
+  grace_s = grace <= 0 ? 0 : grace >= 4e9 ? 4000000000u : (unsigned)(grace + 0.999999);
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_signal;
@@ -56,6 +73,8 @@ void tsr_app_stop_install(bool quiet) {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  sa.sa_handler = on_alarm;
+  sigaction(SIGALRM, &sa, NULL);
 }
 
 int tsr_app_stop_signal(void) {

@@ -1,6 +1,8 @@
 /* `tessera`: entry point and subcommand dispatch. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "app.h"
 #include "conform.h"
@@ -55,7 +57,22 @@ bool tsr_app_wants_help(int argc, char **argv) {
   return false;
 }
 
-int main(int argc, char **argv) {
+/* Under ulimit -v or -d, the BLAS library's worker threads, started when it loads, may be retrying
+ * an allocation their limit denies, which they never give up, and its exit handler joins them: a
+ * job refused for want of memory would hang instead of exiting. So a failing command flushes its
+ * output and skips the exit handlers. */
+static int leave(int code) {
+  struct rlimit as, data;
+  bool limited = (getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY) ||
+                 (getrlimit(RLIMIT_DATA, &data) == 0 && data.rlim_cur != RLIM_INFINITY);
+  if (code != TSR_EXIT_OK && limited) {
+    fflush(NULL);
+    _exit(code);
+  }
+  return code;
+}
+
+static int dispatch(int argc, char **argv) {
   if (argc < 2) {
     fputs(usage, stderr);
     return TSR_EXIT_BAD_INPUT;
@@ -89,4 +106,8 @@ int main(int argc, char **argv) {
   else
     fprintf(stderr, "tessera: unknown command '%s'; see tessera --help\n", cmd);
   return TSR_EXIT_BAD_INPUT;
+}
+
+int main(int argc, char **argv) {
+  return leave(dispatch(argc, argv));
 }

@@ -190,8 +190,9 @@ tsr_status tsr_train_trace_write(tsr_train_rank *t, tsr_group_t *all, FILE *out)
 
 /* SIGINT and SIGTERM (run_signals.c). Install makes the first of them ask the run to stop
  * after the current step and a second exit the process at once (exit 128 + the signal); `quiet`
- * silences the line each writes on stderr (the processes of an mpi job other than rank 0). */
-void tsr_app_stop_install(bool quiet);
+ * silences the line each writes on stderr (the processes of an mpi job other than rank 0); a
+ * stop that has not ended `grace` seconds after the first signal exits at once (0: no limit). */
+void tsr_app_stop_install(bool quiet, double grace);
 /* The first SIGINT or SIGTERM received, 0 before one. */
 int tsr_app_stop_signal(void);
 /* Whether any rank has received one, as its signal number (0: none), the same on every rank.

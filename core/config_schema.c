@@ -83,6 +83,10 @@ const tsr_schema_entry tsr_schema[] = {
               "a step whose loss or gradient norm is NaN or Inf: stop = the run stops there with "
               "exit 1, saving nothing; skip_step = that step's update is skipped and the run goes "
               "on"),
+    XKEY_FLOAT("job", "stop_grace_s", job_stop.stop_grace_s, "120", 0, 604800,
+               "after the first SIGINT or SIGTERM, seconds the run has to finish its step and "
+               "write its checkpoint; past them it exits at once, saying so (a wedged step "
+               "cannot hold off a stop); 0 = no limit"),
 
     {{"mesh",
       {"dims", TSR_KEY_NAMES, "dp", 0, 0, NULL,

@@ -213,6 +213,11 @@ typedef struct tsr_config_ext {
     tsr_data_mask mask;
     char index[TSR_MAX_VALUE]; /* document index of a tokens: source; "" = the source + ".idx" */
   } data_docs;
+  struct {
+    /* [job] stop_grace_s: seconds a run has, after the first SIGINT or SIGTERM, to finish its
+     * step and write its checkpoint before it exits at once; 0 = as long as that takes */
+    double stop_grace_s;
+  } job_stop;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

@@ -43,22 +43,32 @@ expect 1 "tessera plan: .*huge.ini: \[model\] and \[mesh\] shape: the training s
 # ulimit -v: 63 M parameters (968 MiB of state) in 586 MiB of address space
 variant mid -e 's/^hidden_size .*/hidden_size = 1024/' -e 's/^intermediate_size .*/intermediate_size = 4096/' \
   -e 's/^num_hidden_layers .*/num_hidden_layers = 4/' -e 's/^vocab_size .*/vocab_size = 256/'
-expect 1 "mid.ini: \[model\] and \[mesh\] shape: the training state of rank 0 needs at least 968.1 MiB.*but ulimit -v = 585.9 MiB, less the .* MiB this process maps already, leaves" \
+expect 1 "mid.ini: \[model\] and \[mesh\] shape: the training state of rank 0 needs at least 968.1 MiB.*but ulimit -v = 585.9 MiB, less the .* MiB this process maps already and the 208.0 MiB its 1 rank thread reserves before any tensor (a 128 MiB BLAS buffer, a 64 MiB malloc arena, .*), leaves.*raise the ulimit" \
   sh -c "ulimit -v 600000 && exec \"\$0\" run \"\$1\" --no-peak --no-progress" "$bin" "$dir/mid.ini"
 # --force goes on: the model is built, and runs out of memory on its own
 expect 1 "memory: --force: the state needs at least 968.1 MiB, more than the .* available" \
   sh -c "ulimit -v 600000 && exec \"\$0\" run \"\$1\" --no-peak --no-progress --force" "$bin" "$dir/mid.ini"
 
 # one copy fits but four do not: dp over 4 ranks keeps a replica each; the layout decides, as
-# plan lays it out, naming the largest rank
+# plan lays it out, naming the largest rank (1380 MiB of address space: the 4 rank threads
+# reserve 800 MiB of it)
 variant dp4 -e 's/^hidden_size .*/hidden_size = 512/' -e 's/^intermediate_size .*/intermediate_size = 2048/' \
   -e 's/^num_hidden_layers .*/num_hidden_layers = 3/' -e 's/^vocab_size .*/vocab_size = 256/' \
   -e 's/^shape .*/shape = 4/'
 printf '\n[plugins]\nload = dp\n' >>"$dir/dp4.ini"
-expect 1 "dp4.ini: \[model\] and \[mesh\] shape: ranks 0..3 (threads of this process) hold 736.2 MiB of training state as .plan. lays it out, but ulimit -v = 585.9 MiB.*The largest rank, 0: parameters 46.0 MiB, gradients 46.0 MiB, AdamW moments 92.0 MiB" \
-  sh -c "ulimit -v 600000 && exec \"\$0\" run \"\$1\" --no-peak --no-progress" "$bin" "$dir/dp4.ini"
+expect 1 "dp4.ini: \[model\] and \[mesh\] shape: ranks 0..3 (threads of this process) hold 736.2 MiB of training state as .plan. lays it out, but ulimit -v = 1380.0 MiB.*The largest rank, 0: parameters 46.0 MiB, gradients 46.0 MiB, AdamW moments 92.0 MiB" \
+  sh -c "ulimit -v 1413120 && exec \"\$0\" run \"\$1\" --no-peak --no-progress" "$bin" "$dir/dp4.ini"
 expect 1 "tessera plan: .*dp4.ini: .*ranks 0..3 (threads of this process) hold 736.2 MiB" \
-  sh -c "ulimit -v 600000 && exec \"\$0\" plan \"\$1\"" "$bin" "$dir/dp4.ini"
+  sh -c "ulimit -v 1413120 && exec \"\$0\" plan \"\$1\"" "$bin" "$dir/dp4.ini"
+# a limit below what the threads reserve: the BLAS library's threads retry their buffers
+# forever, so the refusal must also end the process (it hung at both sizes)
+for kib in 60000 150000; do
+  expect 1 "\.ini: \[model\] and \[mesh\] shape: .*but ulimit -v = .* MiB, less .* its 1 rank thread reserves before any tensor .*leaves 0.0 MiB.*raise the ulimit" \
+    sh -c "ulimit -v $kib && exec \"\$0\" run \"\$1\" --no-peak --no-progress" "$bin" "$job"
+  expect 1 "tessera plan: .*but ulimit -v = .* MiB, less .* leaves 0.0 MiB" \
+    sh -c "ulimit -v $kib && exec \"\$0\" plan \"\$1\"" "$bin" "$job"
+done
+
 # the same job without the limit runs
 out=$(timeout 120 "$bin" run "$dir/dp4.ini" --no-peak --no-progress 2>&1) ||
   { printf 'FAILED: dp4 without a limit\n%s\n' "$out"; fails=$((fails + 1)); }

@@ -5,7 +5,8 @@
 # at that step) and the metrics end at it. On 8 thread ranks every rank stops at the same step.
 # With the log's reader gone after the signal (Ctrl-C on `tessera run | tee`) the checkpoint is
 # still written. A second SIGINT exits at once, writing nothing more. With MPIRUN, a signal to one
-# rank process of a 2-process mpi job stops both at the same step.
+# rank process of a 2-process mpi job stops both at the same step. A stop that outlasts
+# [job] stop_grace_s exits at once.
 set -u
 bin=$1 job=$2 dir=$3
 shift 3
@@ -108,6 +109,25 @@ wait $pid
 rc=$?
 [ $rc = 130 ] && grep -q "^tessera run: SIGINT again: exiting at once" "$d/err" && [ ! -e "$d/c.safetensors" ] &&
   ! grep -q "stopped by" "$d/err" || { cat "$d/err"; fail "twice: exit $rc"; }
+
+# a step far longer than [job] stop_grace_s: the stop gives up on it and exits at once, saying
+# so, and writes no checkpoint (`timeout` sends one SIGTERM only, which a wedged run ignored)
+d="$dir/grace"
+mkdir -p "$d"
+# shellcheck disable=SC2086
+"$bin" run "$job" $LONG --set model.hidden_size=1024 --set model.intermediate_size=4096 \
+  --set data.seq_len=128 --set job.stop_grace_s=1 --set checkpoint.save="$d/c.safetensors" \
+  >"$d/out" 2>"$d/err" &
+pid=$!
+wait_for "$d/out" "^model:"
+start=$(date +%s)
+kill -TERM $pid
+wait $pid
+rc=$?
+took=$(($(date +%s) - start))
+[ $rc = 143 ] && [ "$took" -le 4 ] && [ ! -e "$d/c.safetensors" ] &&
+  grep -q "^tessera run: SIGTERM: the step and its checkpoint did not end within \[job\] stop_grace_s; exiting at once" "$d/err" ||
+  { cat "$d/out" "$d/err"; fail "grace: exit $rc after $took s"; }
 
 # mpi: one process signalled, both stop at the same step, rank 0 says so
 if [ $# -gt 0 ]; then
