@@ -17,9 +17,15 @@ tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data) {
   if (x->data_docs.mask != TSR_MASK_DOCUMENT) return TSR_OK;
   char where[TSR_MAX_PATH + 160], path[TSR_TRAIN_PATH_LEN], index[TSR_TRAIN_PATH_LEN + 8];
   if (x->eval.source[0])
-    return TSR_ERROR(TSR_ENOTSUP,
+    return TSR_ERROR(TSR_EINVAL,
                      "%s: [eval] source with mask = document is not supported yet; evaluate with "
                      "mask = causal or leave [eval] source empty",
+                     tsr_config_where(c, "data", "mask", where, sizeof where));
+  if (x->model_memory.activation_checkpointing != TSR_ACT_CKPT_NONE)
+    return TSR_ERROR(TSR_EINVAL,
+                     "%s: mask = document with [model] activation_checkpointing = full is not "
+                     "supported yet (the recomputed layers would not see the documents); set one "
+                     "of them back",
                      tsr_config_where(c, "data", "mask", where, sizeof where));
   const char *colon = strchr(c->data.source, ':');
   if (x->data_docs.index[0]) {

@@ -386,7 +386,7 @@ tsr_status tsr_data_use_documents(tsr_data_t *d, const char *index_path) {
   tsr_doc_index_close(&d->index);
   d->docs = false;
   tsr_status s = tsr_doc_index_open(index_path, d->path, &d->index);
-  if (s != TSR_OK) return tsr_error_prefix(s, "[data] mask = document, index of %s", d->path);
+  if (s != TSR_OK) return tsr_error_prefix(s, "the document index of %s", d->path);
   size_t esize = d->kind == DATA_TOKENS16 ? 2 : 4;
   if (d->index.token_bytes != esize) {
     s = TSR_ERROR(TSR_EINVAL,

@@ -197,6 +197,18 @@ static tsr_status tp_register(tsr_registry_t *reg, const tsr_plugin_args *args, 
                                         .backward = tp_sdpa_backward,
                                         .free_saved = tp_sdpa_saved_free,
                                         .ctx = s}));
+  /* document masking: the same, with the segment ids (whole on tp) as a fourth input */
+  TSR_CHECK(add_rule(reg, (tsr_op_rule){.name = "tp.sdpa_doc.kv_replicated",
+                                        .op = TSR_OP_SDPA_DOC,
+                                        .ninputs = 4,
+                                        .inputs = {S2, R, R, R},
+                                        .noutputs = 1,
+                                        .outputs = {S2},
+                                        .grads = {S2, P, P, R},
+                                        .compute = tp_sdpa_forward,
+                                        .backward = tp_sdpa_backward,
+                                        .free_saved = tp_sdpa_saved_free,
+                                        .ctx = s}));
   return TSR_OK;
 }
 

@@ -4,6 +4,9 @@
  * the query heads of one rank all read one kv head: kv head (first local q head) / group. The
  * rank attends with that head only; its key and value gradients are its query heads' share of
  * that head's gradient and zero elsewhere, which makes them Partial(sum) over tp.
+ *
+ * Document masking (sdpa_doc) adds the segment ids (B, L), whole on tp, as a fourth input; the
+ * kernels with segment ids take them in place.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +37,27 @@ void tp_sdpa_saved_free(void *p) {
 
 static float *data(const tsr_tensor *t) {
   return tsr_tensor_data(t);
+}
+
+typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
+                                     const int32_t *, const int32_t *, const int32_t *,
+                                     const int32_t *, int, int, int, int, int, int, bool);
+typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
+                                      const float *, const float *, const float *, const float *,
+                                      const int32_t *, const int32_t *, const int32_t *,
+                                      const int32_t *, int, int, int, int, int, int, bool);
+
+/* sdpa_doc's segment ids and the kernel `name` that reads them; NULL ids for plain sdpa. */
+static tsr_status seg_kernel(int nin, const tsr_dtensor *const *in, const tsr_kernel_table *kt,
+                             const char *name, const int32_t **seg, tsr_kernel_fn *fn) {
+  *seg = NULL;
+  if (nin < 4) return TSR_OK;
+  *seg = tsr_tensor_data(in[3]->local);
+  *fn = tsr_kernel_lookup(kt, name);
+  if (!*fn)
+    return TSR_ERROR(TSR_ENOTSUP, "tp: the %s device has no kernel '%s' ([data] mask = document)",
+                     kt->name, name);
+  return TSR_OK;
 }
 
 /* A new contiguous (B, L, 1, D) copy of head `h` of x (B, L, H, D), beside x. */
@@ -92,8 +116,15 @@ tsr_status tp_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   TSR_CHECK(head_of(v->local, s->kv, &s->v));
   const tsr_kernel_table *kt = tsr_kernel_table_of(q->local);
   kt->blhd_to_bhld(data(s->q), data(q->local), s->B, s->L, hn, s->D);
-  TSR_CHECK(kt->attention_forward(data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v),
-                                  NULL, NULL, s->B, hn, 1, s->L, s->L, s->D, s->causal));
+  const int32_t *seg;
+  tsr_kernel_fn fn = NULL;
+  TSR_CHECK(seg_kernel(nin, in, kt, "attention_forward_seg", &seg, &fn));
+  if (seg)
+    TSR_CHECK(((seg_forward_fn)fn)(data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v),
+                                   NULL, NULL, seg, seg, s->B, hn, 1, s->L, s->L, s->D, s->causal));
+  else
+    TSR_CHECK(kt->attention_forward(data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v),
+                                    NULL, NULL, s->B, hn, 1, s->L, s->L, s->D, s->causal));
   kt->bhld_to_blhd(data((*out)->local), data(s->out), s->B, s->L, hn, s->D);
   return TSR_OK;
 }
@@ -120,10 +151,18 @@ tsr_status tp_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *
   TSR_CHECK_GOTO(tsr_tensor_new(alloc, TSR_F32, 4, s->v->shape, &dv), st);
   const tsr_kernel_table *kt = tsr_kernel_table_of(s->q);
   kt->blhd_to_bhld(data(dout), data(gout[0]->local), s->B, s->L, s->Hq, s->D);
-  TSR_CHECK_GOTO(kt->attention_backward(data(dq), data(dk), data(dv), data(dout), data(s->q),
-                                        data(s->k), data(s->v), data(s->out), data(s->lse), NULL,
-                                        NULL, s->B, s->Hq, 1, s->L, s->L, s->D, s->causal),
-                 st);
+  const int32_t *seg;
+  tsr_kernel_fn fn = NULL;
+  TSR_CHECK_GOTO(seg_kernel(nin, in, kt, "attention_backward_seg", &seg, &fn), st);
+  if (seg)
+    st = ((seg_backward_fn)fn)(data(dq), data(dk), data(dv), data(dout), data(s->q), data(s->k),
+                               data(s->v), data(s->out), data(s->lse), NULL, NULL, seg, seg, s->B,
+                               s->Hq, 1, s->L, s->L, s->D, s->causal);
+  else
+    st = kt->attention_backward(data(dq), data(dk), data(dv), data(dout), data(s->q), data(s->k),
+                                data(s->v), data(s->out), data(s->lse), NULL, NULL, s->B, s->Hq, 1,
+                                s->L, s->L, s->D, s->causal);
+  TSR_CHECK_GOTO(st, st);
   kt->bhld_to_blhd(data(gin[0]->local), data(dq), s->B, s->L, s->Hq, s->D);
   TSR_CHECK_GOTO(head_into(gin[1]->local, s->kv, dk), st);
   TSR_CHECK_GOTO(head_into(gin[2]->local, s->kv, dv), st);

@@ -1,0 +1,13 @@
+# [data] mask = document (docs/data.md): one step under every plugin that touches attention equals
+# the 1-rank document-masked step, and bad combinations are refused naming the file and key or
+# the plugin (doc_mask.sh). The corpus is examples/data/tessera-docs.txt through a test
+# tokenizer. Each runs in a few seconds.
+foreach(mode mesh errors)
+  add_test(NAME e2e_doc_mask_${mode}
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/doc_mask.sh ${TESSERA_BIN}
+            ${PROJECT_SOURCE_DIR}/tests/data/tokenizer/bytelevel-llama3.json
+            ${PROJECT_SOURCE_DIR}/examples/data/tessera-docs.txt ${E2E_OUT}/doc_mask_${mode} ${mode})
+  set_tests_properties(e2e_doc_mask_${mode} PROPERTIES LABELS e2e TIMEOUT 600
+    ENVIRONMENT TESSERA_PLUGIN_PATH=${TESSERA_FIXTURE_PLUGIN_DIR}
+    PASS_REGULAR_EXPRESSION "doc_mask ${mode}: (every bad job refused|12 meshes equal the 1-rank)")
+endforeach()
