@@ -11,3 +11,11 @@ foreach(mode mesh errors)
     ENVIRONMENT TESSERA_PLUGIN_PATH=${TESSERA_FIXTURE_PLUGIN_DIR}
     PASS_REGULAR_EXPRESSION "doc_mask ${mode}: (every bad job refused|12 meshes equal the 1-rank)")
 endforeach()
+
+# The README's path from raw text to generate and export, run as written with 30 training steps
+# (readme_path.sh), so that the README stays true. About ten seconds.
+add_test(NAME e2e_readme_path
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/readme_path.sh ${PROJECT_SOURCE_DIR} ${TESSERA_BIN}
+          ${E2E_OUT}/readme_path 30)
+set_tests_properties(e2e_readme_path PROPERTIES LABELS e2e TIMEOUT 600
+  PASS_REGULAR_EXPRESSION "readme path: 6 commands ran")
