@@ -10,13 +10,15 @@
  * Version policy.
  *   - TSR_ABI_MINOR grows when tsr_strategy gains a field, and when the core gains functions,
  *     ops or module styles a plugin may use (1.2: the mixture-of-experts ops and the "experts"
- *     style); a plugin that uses them needs a core of that minor or newer, and an older core
- *     refuses it at load (dlopen with RTLD_NOW finds the symbol missing). Fields are only ever
- *     appended at the end (after `reserved`), and a reserved slot may be given a meaning only
- *     when zero keeps the old behaviour. A core reads an appended field only when the plugin's
- *     struct_size covers it, so a plugin built against an older minor keeps working with a newer
- *     core; a newer plugin that sets a reserved slot is refused by an older core, which cannot
- *     honour it.
+ *     style; 1.3: the document-masking ops rope_doc and sdpa_doc and the attention kernels with
+ *     segment ids, whose rules a plugin of an older minor cannot have, so a document-masked job
+ *     refuses its sdpa rules by name); a plugin that uses them needs a core of that minor or
+ *     newer, and an older core refuses it at load (dlopen with RTLD_NOW finds the symbol
+ *     missing). Fields are only ever appended at the end (after `reserved`), and a reserved
+ *     slot may be given a meaning only when zero keeps the old behaviour. A core reads an
+ *     appended field only when the plugin's struct_size covers it, so a plugin built against an
+ *     older minor keeps working with a newer core; a newer plugin that sets a reserved slot is
+ *     refused by an older core, which cannot honour it.
  *   - TSR_ABI_MAJOR grows when anything else changes (a field's type, meaning or position, a
  *     callback's signature). A new major comes with a new entry symbol (tsr_plugin_v2), so a
  *     core can keep loading plugins of the old major next to those of the new.
