@@ -130,10 +130,12 @@ cf_result cf_say(char *msg, size_t len, cf_result r, const char *fmt, ...)
  * plugins in `load` (comma-separated, may be ""), the model and data of `model` (0: the L2
  * registration model, 1: its grouped-query variant, 2: the L3 model, 3: it with tied embeddings,
  * 4: it with a single kv head, 5: it with sparse MoE layers of 4 experts, top 2, CF_MODEL_MOE;
- * 6: those without the load-balancing loss, CF_MODEL_MOE_NOAUX) and `extra` lines appended
+ * 6: those without the load-balancing loss, CF_MODEL_MOE_NOAUX; 7: CF_MODEL_DOCS) and `extra`
+ * lines appended
  * verbatim (strategy sections). mode is "train" or "forward". */
 #define CF_MODEL_MOE       5
 #define CF_MODEL_MOE_NOAUX 6
+#define CF_MODEL_DOCS      7 /* the L3 model, one kv head, on packed documents (mask = document) */
 void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const int *shape,
                  const char *load, int model, const char *mode, const char *extra);
 /* The plugin, preceded by the plugins it requires, as a [plugins] load value. */

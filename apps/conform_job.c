@@ -21,19 +21,69 @@ typedef struct cf_model {
   bool tied;
   int experts, top_k; /* sparse MoE layers: experts per layer and per token; 0: dense */
   double aux;         /* their router_aux_loss_coef */
+  bool docs;          /* [data] mask = document on the suite's packed documents (cf_docs_source) */
 } cf_model;
 
 /* 0, 1: the L2 registration jobs (12 heads split over 1-4 ranks; kv heads split, or a single kv
  * head replicated); 2: the L3 model, small enough to run a step in milliseconds; 3, 4: the L3
  * model with tied embeddings, and with a single kv head (L3.reach); 5: the L3 model with sparse
  * MoE layers, 4 experts of which each token uses 2 (split by 1, 2 or 4 ranks), with the
- * load-balancing loss; 6: without it (the model refuses that loss over pipeline stages). */
+ * load-balancing loss; 6: without it (the model refuses that loss over pipeline stages); 7: the
+ * L3 model with a single kv head on packed documents, [data] mask = document (L3.reach). */
 static const cf_model models[] = {
-    {48, 48, 64, 4, 12, 12, 4, 24, false, 0, 0, 0}, {48, 48, 64, 4, 12, 1, 4, 24, false, 0, 0, 0},
-    {32, 32, 40, 4, 4, 2, 6, 16, false, 0, 0, 0},   {32, 32, 40, 4, 4, 2, 6, 16, true, 0, 0, 0},
-    {32, 32, 40, 4, 4, 1, 6, 16, false, 0, 0, 0},   {32, 32, 40, 4, 4, 2, 6, 16, false, 4, 2, 0.02},
-    {32, 32, 40, 4, 4, 2, 6, 16, false, 4, 2, 0},
+    {48, 48, 64, 4, 12, 12, 4, 24, false, 0, 0, 0, false},
+    {48, 48, 64, 4, 12, 1, 4, 24, false, 0, 0, 0, false},
+    {32, 32, 40, 4, 4, 2, 6, 16, false, 0, 0, 0, false},
+    {32, 32, 40, 4, 4, 2, 6, 16, true, 0, 0, 0, false},
+    {32, 32, 40, 4, 4, 1, 6, 16, false, 0, 0, 0, false},
+    {32, 32, 40, 4, 4, 2, 6, 16, false, 4, 2, 0.02, false},
+    {32, 32, 40, 4, 4, 2, 6, 16, false, 4, 2, 0, false},
+    {32, 32, 40, 4, 4, 1, 6, 16, false, 0, 0, 0, true},
 };
+
+/* Packed documents for the document-masked model, written once into the suite's directory: 640
+ * ids below 32 in documents of 1 to 12 tokens, and their index (tessera/doc_index.h). The source
+ * value (tokens:PATH) goes into buf; "" when the files cannot be written. */
+static void cf_docs_source(char *buf, size_t len) {
+  char path[TSR_MAX_PATH + 16], idx[TSR_MAX_PATH + 32];
+  snprintf(path, sizeof path, "%s/docs.bin", cf_suite_dir);
+  snprintf(idx, sizeof idx, "%s.idx", path);
+  snprintf(buf, len, "tokens:%s", path);
+  struct stat sb;
+  if (stat(idx, &sb) == 0) return;
+  enum { N = 640 };
+  unsigned char tok[2 * N], head[64] = {0};
+  uint64_t off[N + 1], nd = 0, x = 12345;
+  off[0] = 0;
+  for (uint64_t at = 0; at < N; nd++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t n = 1 + (x >> 33) % 12;
+    at = at + n < N ? at + n : N;
+    off[nd + 1] = at;
+  }
+  for (int i = 0; i < N; i++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    tok[2 * i] = (unsigned char)((x >> 33) % 32), tok[2 * i + 1] = 0;
+  }
+  /* little-endian fields: magic, version 1, 2-byte tokens, ndocs, ntokens, head 0, tail 0, eos -1
+   */
+  memcpy(head, "TSRDOCS1", 8);
+  head[8] = 1, head[12] = 2;
+  for (int b = 0; b < 8; b++) head[16 + b] = (unsigned char)(nd >> (8 * b));
+  for (int b = 0; b < 8; b++) head[24 + b] = (unsigned char)((uint64_t)N >> (8 * b));
+  memset(head + 40, 0xff, 4);
+  FILE *t = fopen(path, "wb"), *f = fopen(idx, "wb");
+  bool ok = t && f && fwrite(tok, 1, sizeof tok, t) == sizeof tok &&
+            fwrite(head, 1, sizeof head, f) == sizeof head;
+  for (uint64_t i = 0; ok && i <= nd; i++) {
+    unsigned char o[8];
+    for (int b = 0; b < 8; b++) o[b] = (unsigned char)(off[i] >> (8 * b));
+    ok = fwrite(o, 1, 8, f) == 8;
+  }
+  if (t && fclose(t) != 0) ok = false;
+  if (f && fclose(f) != 0) ok = false;
+  if (!ok) buf[0] = '\0';
+}
 
 void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const int *shape,
                  const char *load, int model, const char *mode, const char *extra) {
@@ -44,7 +94,11 @@ void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const
     od += (size_t)snprintf(d + od, sizeof d - od, "%s%s", i ? ", " : "", dims[i]);
     os += (size_t)snprintf(s + os, sizeof s - os, "%s%d", i ? ", " : "", shape[i]);
   }
-  char moe[160] = "";
+  char moe[160] = "", source[TSR_MAX_PATH + 32] = "synthetic", mask[32] = "";
+  if (m->docs) {
+    cf_docs_source(source, sizeof source);
+    snprintf(mask, sizeof mask, "mask = document\n");
+  }
   if (m->experts)
     snprintf(moe, sizeof moe,
              "num_local_experts = %d\nnum_experts_per_tok = %d\nrouter_aux_loss_coef = %g\n",
@@ -56,10 +110,10 @@ void cf_job_text(char *buf, size_t len, int ndim, const char *const *dims, const
            "[model]\nvocab_size = %d\nhidden_size = %d\nintermediate_size = %d\n"
            "num_hidden_layers = %d\nnum_attention_heads = %d\nnum_key_value_heads = %d\n"
            "rms_norm_eps = 1e-5\nrope_theta = 10000\ntie_word_embeddings = %s\n%s"
-           "[data]\nsource = synthetic\nbatch_size = %d\nseq_len = %d\n"
+           "[data]\nsource = %s\nbatch_size = %d\nseq_len = %d\n%s"
            "[optimizer]\nlr = 1e-2\nweight_decay = 0.1\nmax_norm = 1.0\n%s",
            mode, d, s, load, m->vocab, m->hidden, m->inter, m->layers, m->heads, m->kv,
-           m->tied ? "true" : "false", moe, m->batch, m->seq, extra ? extra : "");
+           m->tied ? "true" : "false", moe, source, m->batch, m->seq, mask, extra ? extra : "");
 }
 
 void cf_load_list(const cf_plugin *p, char *buf, size_t len) {

@@ -494,8 +494,8 @@ done:
 /* L3.reach: every op rule and transition of the plugin must have run in some L3 run, so that
  * the comparisons with the 1-rank run (beside zdp included) covered its groups. What the L3 tests
  * before it did not reach is run for: the L3 model, then with tied embeddings, then with a single
- * kv head, then with MoE layers, on each of the plugin's dims at 2, alone and beside zdp, until
- * everything is reached. */
+ * kv head, then with MoE layers, then on packed documents with [data] mask = document, on each of
+ * the plugin's dims at 2, alone and beside zdp, until everything is reached. */
 static cf_result l3_reach(const cf_plugin *p, const cf_test *t, char *msg, size_t len) {
   (void)t;
   if (!p->loaded) return cf_say(msg, len, CF_FAIL, "does not load: %s", p->load_msg);
@@ -508,15 +508,15 @@ static cf_result l3_reach(const cf_plugin *p, const cf_test *t, char *msg, size_
     before += counts && reached[k];
   }
   if (!wanted) return cf_say(msg, len, CF_NOTSUP, "registers no op rule or transition");
-  static const int models[] = {2, 3, 4, CF_MODEL_MOE};
+  static const int models[] = {2, 3, 4, CF_MODEL_MOE, CF_MODEL_DOCS};
   static const char *const model_names[] = {"the L3 model", "tied embeddings", "one kv head",
-                                            "MoE layers"};
+                                            "MoE layers", "document masking"};
   char req[256] = "", tried[512] = "", extra_runs[512] = "";
   for (int i = 0; i < p->nrequired; i++)
     snprintf(req + strlen(req), sizeof req - strlen(req), "%s,", p->required[i]);
   char zdp_path[TSR_MAX_PATH];
   bool has_zdp = strcmp(p->name, "zdp") && cf_find_plugin("zdp", zdp_path, sizeof zdp_path);
-  for (int m = 0; m < 4 && before + got_now < wanted; m++)
+  for (int m = 0; m < 5 && before + got_now < wanted; m++)
     for (int d = 0; d < p->ntest_dims && before + got_now < wanted; d++)
       for (int z = 0; z < (has_zdp ? 2 : 1) && before + got_now < wanted; z++) {
         const char *dims[2] = {p->test_dims[d], "zdp"};

@@ -10,6 +10,7 @@
 #include "tessera_mpi.h"
 #include "tessera_nccl.h"
 #include "train.h"
+#include "train_act.h"
 #include "train_ckpt.h"
 
 /* What the job asks of this process and machine: a backend built in, a device present, a local
@@ -75,6 +76,8 @@ tsr_status tsr_app_job_open(const char *path, int nset, const char *const *sets,
   TSR_CHECK_GOTO(tsr_app_check_files(job->cfg), st);
   TSR_CHECK_GOTO(check_backend(job->cfg), st);
   TSR_CHECK_GOTO(tsr_train_check_config(job->cfg), st);
+  int64_t limit;
+  TSR_CHECK_GOTO(tsr_train_memory_limit(job->cfg, &limit), st);
   TSR_CHECK_GOTO(tsr_registry_new(&job->reg), st);
   TSR_CHECK_GOTO(tsr_plugin_set_load(job->cfg, job->reg, &job->plugins), st);
   const tsr_config *c = job->cfg;

@@ -11,6 +11,7 @@
 #include "tessera/comm.h"
 #include "tessera/kernels.h"
 #include "train.h"
+#include "train_act.h"
 #include "train_mem.h"
 
 /* The least of the limits found, and what it is as the start of a sentence that ends with the
@@ -194,6 +195,14 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
    * double, as the largest models times the ranks pass 2^63 bytes */
   double low = (double)per * (double)n / (double)world * (double)here;
   double high = (double)per * ((double)n + (double)mc.vocab_size * mc.hidden_size) * (double)here;
+  /* and the step's activations on top, predicted from shapes alone (train_act.c) */
+  tsr_train_act *act = calloc((size_t)world, sizeof *act);
+  if (!act) return TSR_ERROR(TSR_ENOMEM, "out of memory for %lld ranks", (long long)world);
+  int64_t act_hi = 0; /* 0 for a schedule the run will refuse with its own message */
+  if (tsr_train_act_plan(job, act) == TSR_OK)
+    for (int64_t r = 0; r < world; r++)
+      if (act[r].peak > act_hi) act_hi = act[r].peak;
+  high += (double)act_hi * (double)here;
   int64_t threads =
       tsr_kernel_thread_budget(tsr_kernel_num_cores(), (int)(here < INT32_MAX ? here : INT32_MAX));
   thread_space space = {here, here * (threads - 1), default_stack()};
@@ -209,8 +218,12 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
                           "smaller model, more ranks (over backend = mpi, one process per rank), "
                           "a strategy that shards the state (FSDP: dp_shard), or --force to try "
                           "anyway";
-  if (m.bytes == INT64_MAX || high <= (double)m.bytes) return TSR_OK;
+  if (m.bytes == INT64_MAX || high <= (double)m.bytes) {
+    free(act);
+    return TSR_OK;
+  }
   if (low > (double)m.bytes) {
+    free(act);
     largest_items(&mc, (double)per, items, sizeof items);
     if (force) {
       fprintf(note, "memory: --force: the state needs at least %s, more than the %s available\n",
@@ -234,25 +247,35 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
                      gib((double)m.bytes, hb, sizeof hb), items, fix);
   }
   /* between the bounds: the layout decides, and plan's per-rank figures are exact */
-  if (n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS || world > TSR_LOCAL_MAX_RANKS) return TSR_OK;
-  tsr_train_mem *per_rank = calloc((size_t)world, sizeof *per_rank);
-  if (!per_rank) return TSR_ERROR(TSR_ENOMEM, "out of memory for %lld ranks", (long long)world);
+  tsr_train_mem *per_rank = NULL;
+  if (n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS || world > TSR_LOCAL_MAX_RANKS ||
+      !(per_rank = calloc((size_t)world, sizeof *per_rank))) {
+    free(act);
+    return per_rank || n > TSR_TRAIN_MEM_PLAN_MAX_PARAMS || world > TSR_LOCAL_MAX_RANKS
+               ? TSR_OK
+               : TSR_ERROR(TSR_ENOMEM, "out of memory for %lld ranks", (long long)world);
+  }
   tsr_status st = tsr_train_mem_plan(job, per_rank, NULL);
   int64_t sum = 0, top = 0;
   int worst = 0;
   for (int r = 0; st == TSR_OK && r < world; r++) {
     if (!train) per_rank[r].grads = 0;
-    int64_t t = per_rank[r].params + per_rank[r].grads + per_rank[r].optim;
+    int64_t t = tsr_train_act_total(&per_rank[r], &act[r]);
     sum += t;
     if (t > top) top = t, worst = r;
   }
   if (st != TSR_OK) {
     free(per_rank);
+    free(act);
     return st;
   }
   int64_t need = here == 1 ? top : sum;
   tsr_train_mem w = per_rank[worst];
+  /* beyond the state: the tapes and the step's workspace (the peak counts the gradients made) */
+  int64_t wact = tsr_train_act_total(&w, &act[worst]) - w.params - w.grads - w.optim;
+  char he[32];
   free(per_rank);
+  free(act);
   if (need <= m.bytes) return TSR_OK;
   if (force) {
     fprintf(note, "memory: --force: the state needs %s, more than the %s available\n",
@@ -267,10 +290,12 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
     snprintf(ranks, sizeof ranks, "ranks 0..%lld (threads of this process) hold",
              (long long)here - 1);
   return tsr_error(TSR_ENOMEM,
-                   "%s: %s %s of training state as `plan` lays it out, but %s %s. The largest "
-                   "rank, %d: parameters %s, gradients %s, AdamW moments %s. No step was run; %s",
+                   "%s: %s %s at the peak of a step (training state and activations) as `plan` "
+                   "lays it out, but %s %s. The largest rank, %d: parameters %s, gradients %s, "
+                   "AdamW moments %s, activations and the step's workspace %s. No step was run; "
+                   "%s",
                    where, ranks, gib((double)need, ha, sizeof ha), m.what,
                    gib((double)m.bytes, hb, sizeof hb), worst, gib((double)w.params, hc, sizeof hc),
                    gib((double)w.grads, hd, sizeof hd), gib((double)w.optim, items, sizeof items),
-                   fix);
+                   gib((double)wact, he, sizeof he), fix);
 }

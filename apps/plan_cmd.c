@@ -5,6 +5,7 @@
 
 #include "app.h"
 #include "train.h"
+#include "train_act.h"
 #include "train_mem.h"
 #include "tessera/comm.h"
 #include "tessera/mesh.h"
@@ -12,6 +13,7 @@
 
 /* Beyond this many ranks the plan prints the first and last few: the pattern is the point. */
 #define PLAN_MAX_RANKS 32
+#define PLAN_MAX_SETS  64 /* --set overrides on one command line */
 
 static void print_rank(const tsr_app_job *job, int rank, FILE *f) {
   int coords[TSR_MAX_MESH_DIMS];
@@ -66,6 +68,12 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
     if (params)
       fprintf(f, "parameters on rank 0 (global shape -> local shape, placements):\n%s", params);
     tsr_train_mem_print(f, job, per_rank, "planned");
+    tsr_train_act *act = calloc((size_t)world, sizeof *act);
+    if (act && tsr_train_act_plan(job, act) == TSR_OK)
+      tsr_train_act_print(f, job, per_rank, act);
+    else
+      fprintf(f, "activations per rank: not computed: %s\n", act ? tsr_last_error() : "no memory");
+    free(act);
   } else {
     fprintf(f, "parameters and state per rank: not computed: %s\n", tsr_last_error());
   }
@@ -103,7 +111,7 @@ static tsr_status check_step(const tsr_app_job *job, FILE *f) {
 }
 
 static const char plan_usage[] =
-    "usage: tessera plan JOB.ini [--force]\n"
+    "usage: tessera plan JOB.ini [--force] [--set SECTION.KEY=VALUE ...]\n"
     "\n"
     "Validates the job file and its plugins exactly as `run` does, then prints the mesh\n"
     "(rank -> coordinates), which plugin owns each mesh dim, the loaded plugins and what they\n"
@@ -113,12 +121,17 @@ static const char plan_usage[] =
     "threads of this process on the CPU, writing nothing: what `run` would refuse at the start\n"
     "or at its first step, plan refuses, with run's message. Before any model is built, the\n"
     "training state of the ranks each process runs must fit the memory it may use (physical,\n"
-    "cgroup, ulimit -v), as for run; --force, as for run, goes on regardless.\n"
+    "cgroup, ulimit -v), as for run; --force, as for run, goes on regardless. Each rank's\n"
+    "activation peak for the job's checkpointing mode, microbatches and pipeline schedule is\n"
+    "predicted from the shapes and placements, and the job is refused when a rank's predicted\n"
+    "total exceeds [job] memory_limit, as run refuses it. --set overrides a key as for run.\n"
     "\n"
     "exit codes: 0 valid, 1 runtime failure, 2 bad input (file:line:key errors on stderr)\n";
 
-/* Parses "CMD JOB.ini [--force]": returns the path or NULL after printing why. */
-static const char *job_arg(int argc, char **argv, const char *usage, int *code, bool *force) {
+/* Parses "CMD JOB.ini [--force] [--set S.K=V ...]": returns the path or NULL after printing why;
+ * sets[*nset] point into argv. */
+static const char *job_arg(int argc, char **argv, const char *usage, int *code, bool *force,
+                           const char **sets, int *nset) {
   *code = TSR_EXIT_OK;
   if (tsr_app_wants_help(argc, argv)) {
     fputs(usage, stdout);
@@ -128,6 +141,10 @@ static const char *job_arg(int argc, char **argv, const char *usage, int *code, 
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--force")) {
       *force = true;
+      continue;
+    }
+    if (!strcmp(argv[i], "--set") && i + 1 < argc && *nset < PLAN_MAX_SETS) {
+      sets[(*nset)++] = argv[++i];
       continue;
     }
     if (argv[i][0] == '-') {
@@ -152,12 +169,15 @@ static const char *job_arg(int argc, char **argv, const char *usage, int *code, 
 int tsr_cmd_plan(int argc, char **argv) {
   int code;
   bool force = false;
-  const char *path = job_arg(argc, argv, plan_usage, &code, &force);
+  const char *sets[PLAN_MAX_SETS];
+  int nset = 0;
+  const char *path = job_arg(argc, argv, plan_usage, &code, &force, sets, &nset);
   if (!path) return code;
   tsr_app_job job;
-  tsr_status st = tsr_app_job_open(path, 0, NULL, &job);
+  tsr_status st = tsr_app_job_open(path, nset, sets, &job);
   if (st != TSR_OK) return tsr_app_exit_code(st);
   st = tsr_train_mem_check(&job, force, stdout);
+  if (st == TSR_OK) st = tsr_train_act_check(&job);
   if (st != TSR_OK) {
     fprintf(stderr, "tessera plan: %s\n", tsr_last_error());
     tsr_app_job_close(&job);

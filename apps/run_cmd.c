@@ -9,6 +9,7 @@
 
 #include "app.h"
 #include "train.h"
+#include "train_act.h"
 #include "train_mem.h"
 #include "tessera_mpi.h"
 #include "tessera_nccl.h"
@@ -238,6 +239,7 @@ int tsr_cmd_run(int argc, char **argv) {
   /* before any model is built: the state of this process's ranks must fit its memory */
   if (code == TSR_EXIT_OK) {
     tsr_status st = tsr_train_mem_check(&job, force, opts.out);
+    if (st == TSR_OK) st = tsr_train_act_check(&job); /* [job] memory_limit, as plan checks it */
     if (st != TSR_OK) {
       if (tsr_mpi_env_rank() <= 0) fprintf(stderr, "tessera run: %s\n", tsr_last_error());
       code = tsr_app_exit_code(st);

@@ -210,3 +210,9 @@ tsr_status tsr_train_pipe_finish(tsr_train_rank *t, tsr_group_t *all, FILE *out)
   if (!t->pipe) return TSR_OK;
   return report_in_flight(t, all, out);
 }
+
+tsr_status tsr_train_pipe_info(const tsr_app_job *job, const tsr_schedule **sched, int *mb,
+                               int *spr, int *counts, int cap, int *n) {
+  pipe_layout(job, spr, counts, cap, n);
+  return find_pipe(job, sched, mb);
+}

@@ -87,6 +87,11 @@ const tsr_schema_entry tsr_schema[] = {
                "after the first SIGINT or SIGTERM, seconds the run has to finish its step and "
                "write its checkpoint; past them it exits at once, saying so (a wedged step "
                "cannot hold off a stop); 0 = no limit"),
+    XKEY_STRING("job", "memory_limit", job_memory.memory_limit, "",
+                "bytes a rank may hold at the peak of its step, e.g. 512M, 4G, 1.5GiB (K, M, G, "
+                "T: powers of 1024); a job whose predicted peak (tessera plan: parameters, "
+                "gradients, AdamW moments, activations) exceeds it on some rank is refused before "
+                "it runs; empty = no limit"),
 
     {{"mesh",
       {"dims", TSR_KEY_NAMES, "dp", 0, 0, NULL,

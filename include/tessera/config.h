@@ -218,6 +218,12 @@ typedef struct tsr_config_ext {
      * step and write its checkpoint before it exits at once; 0 = as long as that takes */
     double stop_grace_s;
   } job_stop;
+  struct {
+    /* [job] memory_limit: bytes a rank may hold at the peak of its step, as written ("512M",
+     * "4G", "1.5GiB", "1000000"; K, M, G, T are powers of 1024); "" = no limit. A job whose
+     * predicted peak on some rank exceeds it is refused before it runs */
+    char memory_limit[TSR_MAX_VALUE];
+  } job_memory;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

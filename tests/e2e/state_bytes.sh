@@ -6,7 +6,7 @@ set -eu
 bin=$1 job=$2 fraction=$3
 out=${TMPDIR:-/tmp}/tessera_state_bytes.$$
 trap 'rm -f "$out".plan "$out".run' EXIT
-"$bin" plan "$job" | sed -n '/^state per rank/,$p' | sed 1d | grep '^  rank' >"$out".plan
+"$bin" plan "$job" | sed -n '/^state per rank/,/^[^ ]/p' | sed 1d | grep '^  rank' >"$out".plan
 "$bin" run "$job" --no-peak --stop-at 1 | sed -n '/^state per rank/,/^[^ ]/p' | sed 1d |
   grep '^  rank' >"$out".run
 cat "$out".run

@@ -140,7 +140,7 @@ static void test_vocabulary_refusals(void **state) {
   /* the published lists end in NULL and hold what the model calls */
   int n = 0;
   while (tsr_op_names()[n]) n++;
-  assert_int_equal(n, 11); /* 8, and the three MoE ops of 1.2 */
+  assert_int_equal(n, 13); /* 8, the three MoE ops of 1.2, the two document ops of 1.3 */
   n = 0;
   while (tsr_module_style_names()[n]) n++;
   assert_int_equal(n, 8); /* 7, and the experts style of 1.2 */
