@@ -256,6 +256,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   if (!check) TSR_CHECK_GOTO(tsr_train_trace_begin(t), st);
   if (lead && !check) st = tsr_train_metrics_open(&ctx->log, c, t->start_step);
   TSR_CHECK_GOTO(agree(all, st), st);
+  if (train && !check) TSR_CHECK_GOTO(tsr_train_ckpt_async_begin(t), st);
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
   for (int64_t step = t->start_step + 1; step <= end; step++) {
     /* the dump's step: --dump-step, else the run's first */
@@ -314,9 +315,12 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     }
     tsr_trace_add("step", "step", trace_step, step, -1);
     if (train && !check && step < end && tsr_train_ckpt_due(c, step)) {
-      TSR_CHECK_GOTO(tsr_train_ckpt_save(t, all, step, ctx->log.out), st);
+      TSR_CHECK_GOTO(tsr_train_ckpt_save(t, all, step, false, ctx->log.out), st);
       saved = step;
     }
+    /* [checkpoint] async: a save whose files every rank has written is completed here, and a
+     * write that failed stops the run at this step */
+    TSR_CHECK_GOTO(tsr_train_ckpt_pending(t, all, false, ctx->log.out), st);
     /* SIGINT or SIGTERM on any rank: every rank stops after this step, and what follows the
      * last step (the checkpoint) is done here */
     int sig = 0;
@@ -340,13 +344,16 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     st = tsr_train_save_checkpoint(t);
     TSR_CHECK_GOTO(agree(all, st), st);
     if (c->checkpoint.save[0]) tsr_trace_add("phase", "checkpoint", trace_at, end, -1);
+    /* the end of the run waits for a save under way in the background */
+    TSR_CHECK_GOTO(tsr_train_ckpt_pending(t, all, true, ctx->log.out), st);
     /* the last step goes to [checkpoint] dir too, unless a periodic save just wrote it */
     if (tsr_config_ext_of(c)->checkpoint.dir[0] && saved != end)
-      TSR_CHECK_GOTO(tsr_train_ckpt_save(t, all, end, ctx->log.out), st);
+      TSR_CHECK_GOTO(tsr_train_ckpt_save(t, all, end, true, ctx->log.out), st);
   }
   st = tsr_train_trace_write(t, all, ctx->log.out);
   TSR_CHECK_GOTO(agree(all, st), st);
 cleanup:
+  tsr_train_ckpt_async_free(t); /* a background write under way ends before the rank does */
   if (lead) tsr_train_metrics_close(&ctx->log, c); /* after a failure: the lines so far */
   tsr_train_trace_end(t);
   tsr_train_eval_close(&ev);

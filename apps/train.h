@@ -66,6 +66,9 @@ typedef struct tsr_train_rank {
    * many, and the first), and the message of a skipped step, "" when none was */
   int64_t bad_parts, bad_part;
   char skipped[1024];
+  /* [checkpoint] async (train_ckpt.c): the snapshot and writer of this rank's save; NULL until
+   * the first */
+  struct tsr_train_ckpt_async *ckpt_async;
   /* [data] mask = document (train_docs.c): the step's segment ids and positions; NULL without */
   struct tsr_train_docs *docs;
 } tsr_train_rank;
@@ -106,6 +109,8 @@ tsr_status tsr_train_load_checkpoint(tsr_train_rank *t, bool *resumed);
 /* Saves the parameters and optimizer state to [checkpoint] save, gathered to full tensors and
  * written by rank 0. Collective. */
 tsr_status tsr_train_save_checkpoint(tsr_train_rank *t);
+
+typedef struct tsr_train_ckpt_async tsr_train_ckpt_async;
 
 /* Builds this rank's model as the job lays it out: [model], [job] seed and, when the mesh has
  * pp > 1, the pipeline owner's stages_per_rank and layers_per_stage. */

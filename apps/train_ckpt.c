@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt_shard.h"
+#include "ckpt_writer.h"
 
 #define LATEST "latest"
 
@@ -43,6 +44,10 @@ tsr_status tsr_train_ckpt_check(const tsr_config *c) {
     return tsr_config_error(c, TSR_EINVAL, "checkpoint", "load",
                             "latest without [checkpoint] dir: set dir to the folder of the run's "
                             "checkpoints, or give a checkpoint file or folder");
+  if (!dir && x->checkpoint_async.async)
+    return tsr_config_error(c, TSR_EINVAL, "checkpoint", "async",
+                            "true without [checkpoint] dir: async applies to the sharded saves "
+                            "of dir; set dir, or remove async");
   if (!dir) return TSR_OK;
   char path[TSR_TRAIN_PATH_LEN], parent[TSR_TRAIN_PATH_LEN];
   ckpt_dir(c, path, sizeof path);
@@ -155,45 +160,67 @@ static tsr_status agree(tsr_group_t *all, tsr_status st) {
   return st;
 }
 
-/* This rank's file: the slices it writes, straight from its shards (no copy on the CPU). */
-static tsr_status write_mine(tsr_train_rank *t, const char *tmp, int64_t step, int64_t *bytes) {
-  int me = tsr_rank_id(t->r), n = 0;
-  *bytes = 0;
-  char **names = calloc(3 * (size_t)t->nparams + 1, sizeof *names);
-  const tsr_tensor **ts = calloc(3 * (size_t)t->nparams + 1, sizeof *ts);
-  tsr_status st = names && ts ? TSR_OK : TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
-  for (int i = 0; st == TSR_OK && i < t->nparams; i++) {
+/* The slices this rank writes, as tensor names and its shards (borrowed): what its file holds. */
+typedef struct mine_list {
+  int n;
+  char **names;          /* (n) owned */
+  const tsr_tensor **ts; /* (n) the rank's local shards */
+  int64_t bytes;         /* of all n */
+} mine_list;
+
+static void mine_free(mine_list *m) {
+  for (int k = 0; m->names && k < m->n; k++) free(m->names[k]);
+  free(m->names);
+  free(m->ts);
+  memset(m, 0, sizeof *m);
+}
+
+static tsr_status collect_mine(tsr_train_rank *t, mine_list *m) {
+  int me = tsr_rank_id(t->r);
+  memset(m, 0, sizeof *m);
+  m->names = calloc(3 * (size_t)t->nparams + 1, sizeof *m->names);
+  m->ts = calloc(3 * (size_t)t->nparams + 1, sizeof *m->ts);
+  if (!m->names || !m->ts) return TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
+  for (int i = 0; i < t->nparams; i++) {
     const tsr_dtensor *v = t->params[i]->value;
     box mine;
     if (!v->local || !writes(v, me, &mine)) continue;
-    if ((st = check_placements(t, i)) != TSR_OK) break;
+    TSR_CHECK(check_placements(t, i));
     for (int w = 0; w < 3; w++) {
       const tsr_dtensor *x = state_of(t, i, w);
-      if (!x || !x->local || tsr_tensor_numel(x->local) != mine.numel) {
-        st = TSR_ERROR(TSR_EINTERNAL, "checkpoint: '%s%s' is not placed like its parameter",
-                       t->names[i], suffixes[w]);
-        break;
-      }
+      if (!x || !x->local || tsr_tensor_numel(x->local) != mine.numel)
+        return TSR_ERROR(TSR_EINTERNAL, "checkpoint: '%s%s' is not placed like its parameter",
+                         t->names[i], suffixes[w]);
       size_t len = strlen(t->names[i]) + 16;
-      if (!(names[n] = malloc(len))) {
-        st = TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
-        break;
-      }
-      snprintf(names[n], len, "%s%s", t->names[i], suffixes[w]);
-      ts[n++] = x->local;
-      *bytes += (int64_t)tsr_tensor_nbytes(x->local);
+      if (!(m->names[m->n] = malloc(len)))
+        return TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
+      snprintf(m->names[m->n], len, "%s%s", t->names[i], suffixes[w]);
+      m->ts[m->n++] = x->local;
+      m->bytes += (int64_t)tsr_tensor_nbytes(x->local);
     }
   }
-  if (st == TSR_OK && n > 0) {
+  return TSR_OK;
+}
+
+/* This rank's file in the folder `tmp`, and the step in its metadata. */
+static void rank_file(const tsr_train_rank *t, const char *tmp, int64_t step, char *path,
+                      size_t len, char *step_str, size_t slen) {
+  snprintf(path, len, "%s/rank-%05d.safetensors", tmp, tsr_rank_id(t->r));
+  snprintf(step_str, slen, "%lld", (long long)step);
+}
+
+/* This rank's file: the slices it writes, straight from its shards (no copy on the CPU). */
+static tsr_status write_mine(tsr_train_rank *t, const char *tmp, int64_t step, int64_t *bytes) {
+  mine_list m;
+  tsr_status st = collect_mine(t, &m);
+  *bytes = m.bytes;
+  if (st == TSR_OK && m.n > 0) {
     char path[TSR_TRAIN_PATH_LEN + 128], step_str[32];
-    snprintf(path, sizeof path, "%s/rank-%05d.safetensors", tmp, me);
-    snprintf(step_str, sizeof step_str, "%lld", (long long)step);
+    rank_file(t, tmp, step, path, sizeof path, step_str, sizeof step_str);
     const char *keys[2] = {"format", "step"}, *vals[2] = {TSR_CKPT_FORMAT, step_str};
-    st = tsr_safetensors_save(path, n, (const char *const *)names, ts, 2, keys, vals);
+    st = tsr_safetensors_save(path, m.n, (const char *const *)m.names, m.ts, 2, keys, vals);
   }
-  for (int k = 0; names && k < n; k++) free(names[k]);
-  free(names);
-  free(ts);
+  mine_free(&m);
   return st;
 }
 
@@ -327,14 +354,177 @@ static bool reset_hwm(void) {
   return fclose(f) == 0 && ok;
 }
 
-tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step, FILE *out) {
+/* ---- [checkpoint] async ---- */
+
+/* This rank's save whose file a thread writes from a snapshot, while the run goes on. */
+struct tsr_train_ckpt_async {
+  tsr_ckpt_writer *w; /* the snapshot and the thread; kept, buffers and all, between saves */
+  int64_t step;       /* the step being written; -1: none */
+  double t0;          /* when its save began (monotonic seconds) */
+};
+
+static void after_shard(void) {
+  kill_point("shard-written");
+}
+
+/* The temporary and the final folder of step `step` of dir. */
+static void step_paths(const char *dir, int64_t step, char *tmp, size_t tlen, char *final,
+                       size_t flen) {
+  snprintf(tmp, tlen, "%s/.step-%06lld.tmp", dir, (long long)step);
+  snprintf(final, flen, "%s/step-%06lld", dir, (long long)step);
+}
+
+/* Test hook: TESSERA_TEST_SAVE_FAIL=STEP:RANK sends that rank's background file of that step
+ * into a folder that does not exist, so that its write fails as a full disk would. */
+static void fail_point(const tsr_train_rank *t, int64_t step, char *path, size_t len) {
+  const char *want = getenv("TESSERA_TEST_SAVE_FAIL");
+  long long s, r;
+  if (!want || sscanf(want, "%lld:%lld", &s, &r) != 2 || s != step || r != tsr_rank_id(t->r))
+    return;
+  char *slash = strrchr(path, '/');
+  if (!slash) return;
+  char file[256];
+  snprintf(file, sizeof file, "%s", slash + 1);
+  snprintf(slash, len - (size_t)(slash - path), "/missing/%s", file);
+}
+
+/* This rank's writer, made at the first call. */
+static tsr_status async_state(tsr_train_rank *t, tsr_train_ckpt_async **out) {
+  tsr_train_ckpt_async *a = t->ckpt_async;
+  if (!a) {
+    if (!(a = calloc(1, sizeof *a))) return TSR_ERROR(TSR_ENOMEM, "checkpoint: out of memory");
+    tsr_status st = tsr_ckpt_writer_new(&a->w);
+    if (st != TSR_OK) {
+      free(a);
+      return st;
+    }
+    a->step = -1;
+    t->ckpt_async = a;
+  }
+  *out = a;
+  return TSR_OK;
+}
+
+tsr_status tsr_train_ckpt_async_begin(tsr_train_rank *t) {
+  const tsr_config_ext *x = tsr_config_ext_of(t->job->cfg);
+  if (!x->checkpoint.dir[0] || !x->checkpoint_async.async) return TSR_OK;
+  tsr_train_ckpt_async *a;
+  mine_list m;
+  TSR_CHECK(async_state(t, &a));
+  tsr_status st = collect_mine(t, &m);
+  if (st == TSR_OK) st = tsr_ckpt_writer_reserve(a->w, m.n, m.ts);
+  mine_free(&m);
+  return st;
+}
+
+/* Every rank snapshots its slices and starts its writer; rank 0 made the temporary folder. */
+static tsr_status save_async(tsr_train_rank *t, tsr_group_t *all, int64_t step, const char *dir,
+                             const char *tmp, FILE *out) {
+  bool lead = tsr_rank_id(t->r) == 0;
+  tsr_train_ckpt_async *a = NULL;
+  tsr_status st = async_state(t, &a);
+  double t0 = now_s();
+  if (st == TSR_OK && lead) st = prepare(dir, tmp);
+  st = agree(all, st);
+  int64_t bytes = 0;
+  mine_list m = {0};
+  if (st == TSR_OK) st = collect_mine(t, &m);
+  if (st == TSR_OK) {
+    char path[TSR_TRAIN_PATH_LEN + 128], step_str[32];
+    rank_file(t, tmp, step, path, sizeof path, step_str, sizeof step_str);
+    fail_point(t, step, path, sizeof path);
+    const char *keys[2] = {"format", "step"}, *vals[2] = {TSR_CKPT_FORMAT, step_str};
+    st = tsr_ckpt_writer_start(a->w, path, m.n, (const char *const *)m.names, m.ts, 2, keys, vals,
+                               lead ? after_shard : NULL, &bytes);
+  }
+  mine_free(&m);
+  st = agree(all, st);
+  if (st != TSR_OK) {
+    if (a) (void)tsr_ckpt_writer_wait(a->w); /* a started thread ends before the run does */
+    return st;
+  }
+  a->step = step;
+  a->t0 = t0;
+  /* the largest rank's snapshot: its bytes and time */
+  int64_t mine[2] = {bytes, (int64_t)((now_s() - t0) * 1e6)}, mx[2];
+  TSR_CHECK(tsr_comm_all_reduce(all, mine, mx, 2, TSR_I64, TSR_REDUCE_MAX));
+  if (lead && !t->opts->json)
+    fprintf(out,
+            "checkpoint: step %lld copied to host memory in %.3f s (largest rank %lld bytes); "
+            "writing it in the background\n",
+            (long long)step, 1e-6 * (double)mx[1], (long long)mx[0]);
+  return TSR_OK;
+}
+
+tsr_status tsr_train_ckpt_pending(tsr_train_rank *t, tsr_group_t *all, bool wait, FILE *out) {
+  tsr_train_ckpt_async *a = t->ckpt_async;
+  if (!a || a->step < 0) return TSR_OK;
+  if (!wait) {
+    int32_t busy = tsr_ckpt_writer_done(a->w) ? 0 : 1, any = 0;
+    TSR_CHECK(tsr_comm_all_reduce(all, &busy, &any, 1, TSR_I32, TSR_REDUCE_MAX));
+    if (any) return TSR_OK; /* a rank is still writing: ask again after the next step */
+  }
+  const tsr_config *c = t->job->cfg;
+  bool lead = tsr_rank_id(t->r) == 0;
+  int64_t step = a->step;
+  a->step = -1;
+  char dir[TSR_TRAIN_PATH_LEN], tmp[TSR_TRAIN_PATH_LEN + 64], final[TSR_TRAIN_PATH_LEN + 64];
+  char where[TSR_MAX_PATH + 160];
+  ckpt_dir(c, dir, sizeof dir);
+  step_paths(dir, step, tmp, sizeof tmp, final, sizeof final);
+  double w0 = now_s();
+  tsr_status st = tsr_ckpt_writer_wait(a->w);
+  int64_t waited = (int64_t)((now_s() - w0) * 1e6);
+  st = agree(all, st);
+  if (lead && st == TSR_OK) {
+    kill_point("shards-written");
+    st = publish(t, step, dir, tmp, final);
+  } else if (lead) {
+    tsr_ckpt_remove_folder(tmp); /* no half checkpoint stays, not even under its temporary */
+  }
+  st = agree(all, st);
+  if (st != TSR_OK)
+    return tsr_error_prefix(st,
+                            "%s: the background save of step %lld failed, so %s was not written "
+                            "(the checkpoint before it is still the latest)",
+                            tsr_config_where(c, "checkpoint", "async", where, sizeof where),
+                            (long long)step, final);
+  int64_t mx = 0;
+  TSR_CHECK(tsr_comm_all_reduce(all, &waited, &mx, 1, TSR_I64, TSR_REDUCE_MAX));
+  if (lead && !t->opts->json)
+    fprintf(out,
+            "checkpoint: step %lld saved to %s in %.3f s in the background; the training waited "
+            "%.3f s for it\n",
+            (long long)step, final, now_s() - a->t0, 1e-6 * (double)mx);
+  return TSR_OK;
+}
+
+void tsr_train_ckpt_async_free(tsr_train_rank *t) {
+  tsr_train_ckpt_async *a = t->ckpt_async;
+  if (!a) return;
+  tsr_ckpt_writer_free(a->w); /* waits for a write under way: it reads only its snapshot */
+  free(a);
+  t->ckpt_async = NULL;
+}
+
+tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step, bool last,
+                               FILE *out) {
   const tsr_config *c = t->job->cfg;
   char dir[TSR_TRAIN_PATH_LEN], tmp[TSR_TRAIN_PATH_LEN + 64], final[TSR_TRAIN_PATH_LEN + 64];
   char where[TSR_MAX_PATH + 160];
   ckpt_dir(c, dir, sizeof dir);
-  snprintf(tmp, sizeof tmp, "%s/.step-%06lld.tmp", dir, (long long)step);
-  snprintf(final, sizeof final, "%s/step-%06lld", dir, (long long)step);
+  step_paths(dir, step, tmp, sizeof tmp, final, sizeof final);
   bool lead = tsr_rank_id(t->r) == 0;
+  /* one save at a time: the one under way completes (or fails) first */
+  TSR_CHECK(tsr_train_ckpt_pending(t, all, true, out));
+  /* the last save has no step to overlap, so it writes straight from the shards */
+  if (tsr_config_ext_of(c)->checkpoint_async.async && !last) {
+    tsr_status st = save_async(t, all, step, dir, tmp, out);
+    if (st != TSR_OK)
+      return tsr_error_prefix(st, "%s",
+                              tsr_config_where(c, "checkpoint", "dir", where, sizeof where));
+    return TSR_OK;
+  }
   double t0 = now_s();
   /* the rank's memory during the save: the allocator's peak from here, put back after */
   tsr_allocator *a = tsr_rank_allocator(t->r);

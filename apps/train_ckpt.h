@@ -28,8 +28,23 @@ bool tsr_train_ckpt_due(const tsr_config *c, int64_t step);
 
 /* Saves the state after optimizer step `step` to [checkpoint] dir/step-NNNNNN: every rank writes
  * the slices it is the lowest rank to hold, in parallel, into a temporary folder that rank 0
- * completes with the index and renames into place, then prunes to keep_last. Rank 0 logs the
- * time and each rank's memory during the save to `out`. Collective over `all`. */
-tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step, FILE *out);
+ * completes with the index and renames into place, then prunes to keep_last. A save still under
+ * way in the background completes first. With [checkpoint] async and not `last` (the run's last
+ * save), every rank copies its slices to host memory and a thread writes them while the run goes
+ * on: tsr_train_ckpt_pending completes that save. Rank 0 logs the time and each rank's memory
+ * during the save to `out`. Collective over `all`. */
+tsr_status tsr_train_ckpt_save(tsr_train_rank *t, tsr_group_t *all, int64_t step, bool last,
+                               FILE *out);
+/* [checkpoint] async: when every rank's background write has ended (with `wait`, after waiting
+ * for them), rank 0 writes the index and renames the folder into place; a write that failed on
+ * any rank is this call's error on every rank, and its folder is removed. Nothing to do (and no
+ * communication) without a save under way, which is the same on every rank. Collective. */
+tsr_status tsr_train_ckpt_pending(tsr_train_rank *t, tsr_group_t *all, bool wait, FILE *out);
+/* [checkpoint] async: makes this rank's host buffers for the snapshots before the first step, so
+ * that no save pays for them (nothing to do without async). */
+tsr_status tsr_train_ckpt_async_begin(tsr_train_rank *t);
+/* Waits for a background write under way, dropping it, and frees the snapshot (any path out of
+ * the run; the folder it was writing stays a temporary that no load takes). */
+void tsr_train_ckpt_async_free(tsr_train_rank *t);
 
 #endif

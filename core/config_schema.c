@@ -37,6 +37,8 @@
   }
 #define XKEY_FLOAT(sec, k, field, def, lo, hi, text)                                               \
   { {sec, {k, TSR_KEY_FLOAT, def, lo, hi, NULL, text}}, TSR_STORE_F64, XOFF(field), 0, 0, 0 }
+#define XKEY_BOOL(sec, k, field, def, text)                                                        \
+  { {sec, {k, TSR_KEY_BOOL, def, 0, 0, NULL, text}}, TSR_STORE_BOOL, XOFF(field), 0, 0, 0 }
 #define XKEY_ENUM(sec, k, field, def, choices, text)                                               \
   { {sec, {k, TSR_KEY_ENUM, def, 0, 0, choices, text}}, TSR_STORE_ENUM, XOFF(field), 0, 0, 0 }
 
@@ -195,6 +197,10 @@ const tsr_schema_entry tsr_schema[] = {
              "only"),
     XKEY_INT("checkpoint", "keep_last", checkpoint.keep_last, "0", 0, 1e6,
              "newest checkpoints kept in dir, older ones removed after a save; 0 = keep all"),
+    XKEY_BOOL("checkpoint", "async", checkpoint_async.async, "false",
+              "true: a save to dir copies each rank's shards to host memory and writes them in a "
+              "background thread while training goes on; the next save and the end of the run "
+              "wait for it"),
 
     KEY_STRING("output", "dump", output.dump, "",
                "safetensors file of logits, loss, grads and updated params of step 1"),

@@ -224,6 +224,11 @@ typedef struct tsr_config_ext {
      * predicted peak on some rank exceeds it is refused before it runs */
     char memory_limit[TSR_MAX_VALUE];
   } job_memory;
+  struct {
+    /* [checkpoint] async: a save of dir snapshots the shards to host memory and a background
+     * thread writes them while training goes on */
+    bool async;
+  } checkpoint_async;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

@@ -32,3 +32,16 @@ add_test(NAME e2e_ckpt_sharded_errors
           ${E2E_OUT}/ckpt_sharded_errors)
 set_tests_properties(e2e_ckpt_sharded_errors PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "ckpt sharded errors: ok")
+
+# [checkpoint] async = true: the same bytes as the sync saves, resumes equal on 1 rank and on
+# pp x dp x tp, a failed background write stops the run and leaves the previous checkpoint, the
+# key's errors; and the kill -9 points of a save written in the background.
+add_test(NAME e2e_ckpt_async
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_async.sh ${TESSERA_BIN} ${CKPT_JOB}
+          ${E2E_OUT}/ckpt_async)
+set_tests_properties(e2e_ckpt_async PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "ckpt async: ok")
+add_test(NAME e2e_ckpt_sharded_kill_async
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_sharded_kill.sh ${TESSERA_BIN} ${CKPT_JOB}
+          ${E2E_OUT}/ckpt_sharded_kill_async async)
+set_tests_properties(e2e_ckpt_sharded_kill_async PROPERTIES LABELS e2e
+  PASS_REGULAR_EXPRESSION "ckpt sharded kill: ok \\(and SIGTERM; async\\)")

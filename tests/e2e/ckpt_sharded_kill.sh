@@ -8,9 +8,15 @@
 # bit for bit where the uninterrupted run ends, and its saves remove the temporary and the
 # folders beyond keep_last. JOB runs on 4 ranks (dp 2 x tp 2), so a save writes several files.
 # Then SIGTERM: the run stops after the step under way with its checkpoint in the dir, named on
-# stderr, and that checkpoint resumes.
+# stderr, and that checkpoint resumes. With a 4th argument `async`, every run has [checkpoint]
+# async = true and the killed runs stop at step 5, so that the step-4 save is written in the
+# background while step 5 runs: the kill points are then on the writer thread (shard-written) and
+# where the run completes the background save; the SIGTERM run saves every 3 steps in the
+# background too.
 set -u
-bin=$1 job=$2 dir=$3
+bin=$1 job=$2 dir=$3 mode=${4:-sync}
+stop=4 async="" term_every=0
+[ "$mode" = async ] && stop=5 async="--set checkpoint.async=true" term_every=3
 rm -rf "$dir"
 mkdir -p "$dir"
 fails=0
@@ -23,12 +29,12 @@ run() {
     --set mesh.shape=2,2 "$@"
 }
 run --set checkpoint.save="$dir/full6.safetensors" >"$dir/full.log" 2>&1 || fail "uninterrupted run"
-run --stop-at 2 --set checkpoint.dir="$dir/good" --set checkpoint.every=2 >/dev/null 2>&1 ||
+run --stop-at 2 --set checkpoint.dir="$dir/good" --set checkpoint.every=2 $async >/dev/null 2>&1 ||
   fail "step 2"
 for point in shard-written shards-written index-written renamed; do
   d="$dir/$point"
   cp -r "$dir/good" "$d"
-  TESSERA_TEST_SAVE_KILL=$point run --stop-at 4 --set checkpoint.dir="$d" --set checkpoint.every=2 \
+  TESSERA_TEST_SAVE_KILL=$point run --stop-at $stop $async --set checkpoint.dir="$d" --set checkpoint.every=2 \
     --set checkpoint.keep_last=1 --set checkpoint.load=latest >"$d.kill.log" 2>&1
   code=$?
   [ "$code" = 137 ] || { fail "$point: the run was not killed (exit $code)"; cat "$d.kill.log"; }
@@ -41,7 +47,7 @@ for point in shard-written shards-written index-written renamed; do
       ;;
   esac
   [ -f "$d/step-000002/index.json" ] || fail "$point: the previous checkpoint is gone"
-  run --set checkpoint.dir="$d" --set checkpoint.every=2 --set checkpoint.keep_last=1 \
+  run $async --set checkpoint.dir="$d" --set checkpoint.every=2 --set checkpoint.keep_last=1 \
     --set checkpoint.load=latest --set checkpoint.save="$d.6.safetensors" >"$d.log" 2>&1 ||
     { fail "$point: resume failed"; cat "$d.log"; continue; }
   grep -q "resumed from .* at step $from" "$d.log" ||
@@ -55,7 +61,7 @@ done
 # SIGTERM: the step under way finishes and its checkpoint goes to the dir, named on stderr
 d="$dir/term"
 "$bin" run "$job" --no-peak --no-progress --set job.steps=1000000 --set checkpoint.dir="$d" \
-  >"$d.log" 2>"$d.err" &
+  $async --set checkpoint.every=$term_every >"$d.log" 2>"$d.err" &
 pid=$!
 i=0
 while [ "$i" -lt 100 ] && ! grep -q "^step" "$d.log" 2>/dev/null; do sleep 0.1; i=$((i + 1)); done
@@ -69,4 +75,4 @@ at=$(sed -n 's/.*checkpoint written to .*\/step-0*\([0-9][0-9]*\) (resume with \
 "$bin" run "$job" --no-peak --no-progress --set job.steps=$((at + 1)) --set checkpoint.dir="$d" \
   --set checkpoint.load=latest >"$d.resume.log" 2>&1 &&
   grep -q "resumed from latest at step $at" "$d.resume.log" || fail "SIGTERM: its checkpoint does not resume"
-[ "$fails" = 0 ] && echo "ckpt sharded kill: ok (and SIGTERM)"
+[ "$fails" = 0 ] && echo "ckpt sharded kill: ok (and SIGTERM; $mode)"

@@ -113,3 +113,11 @@ add_test(NAME e2e_mpi_ckpt_sharded
     ${PROJECT_SOURCE_DIR}/tests/e2e/jobs/mesh_matrix.ini ${MPI_E2E_DIR}/ckpt_sharded ${TESSERA_MPIRUN})
 set_tests_properties(e2e_mpi_ckpt_sharded PROPERTIES LABELS "mpi;e2e" TIMEOUT 300
   PASS_REGULAR_EXPRESSION "ckpt mpi: ok")
+
+# [checkpoint] async under mpi: 4 processes save in the background the bytes they save in the
+# foreground, and a resume from either ends the same.
+add_test(NAME e2e_mpi_ckpt_async
+  COMMAND sh ${PROJECT_SOURCE_DIR}/tests/e2e/ckpt_async.sh ${MPI_E2E_BIN}
+    ${PROJECT_SOURCE_DIR}/tests/e2e/jobs/mesh_matrix.ini ${MPI_E2E_DIR}/ckpt_async ${TESSERA_MPIRUN})
+set_tests_properties(e2e_mpi_ckpt_async PROPERTIES LABELS "mpi;e2e" TIMEOUT 300
+  PASS_REGULAR_EXPRESSION "ckpt async: ok \\(mpi\\)")
