@@ -268,8 +268,8 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
     tsr_comm_bytes_reset(tsr_rank_comm(t->r));
     t->bad_parts = 0;
     TSR_CHECK_GOTO(tsr_data_next(data, ids, labels), st);
-    if (t->pipe)
     TSR_CHECK_GOTO(tsr_train_docs_fetch(t, data), st);
+    if (t->pipe)
       TSR_CHECK_GOTO(
           tsr_train_pipe_forward_backward(t, step, ids, labels, train, first ? &dump : NULL, &loss),
           st);
@@ -357,6 +357,7 @@ cleanup:
   if (lead) tsr_train_metrics_close(&ctx->log, c); /* after a failure: the lines so far */
   tsr_train_trace_end(t);
   tsr_train_eval_close(&ev);
+  tsr_train_docs_free(t);
   tsr_train_dump_free(&dump);
   tsr_tape_free(tape);
   tsr_data_close(data);
@@ -369,7 +370,6 @@ static tsr_status run_rank(tsr_comm_t *comm, void *arg) {
   run_ctx *ctx = arg;
   const tsr_app_job *job = ctx->job;
   const tsr_config *c = job->cfg;
-  tsr_train_docs_free(t);
   tsr_train_rank t = {.job = job, .opts = ctx->opts};
   tsr_status st = TSR_OK;
   /* a stack overflow on this rank's thread is reported too (crash.c) */
