@@ -92,7 +92,7 @@ MESHES
     "$bin" compare "emu_$1.st" "$1_$2.st" --rtol 0 --atol 0 >"emu_$1.cmp" 2>&1 ||
       die "emu $1 differs from the CPU: $(tail -2 "emu_$1.cmp")"
   done
-  echo "doc_mask mesh: $n meshes equal the 1-rank document-masked step; on emu bit for bit"
+  echo "doc_mask mesh: $n meshes equal the 1-rank document-masked step, and on emu bit for bit"
 
 }
 
