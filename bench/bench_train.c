@@ -35,6 +35,7 @@ typedef struct bench {
   int batch, seq, steps, threads;
   double fwd[MAX_STEPS], bwd[MAX_STEPS], opt[MAX_STEPS], total[MAX_STEPS];
   double kernel_s[TSR_KERNEL_KINDS]; /* summed over the timed steps */
+  int64_t system_allocs;             /* host buffers asked of the system in the timed steps */
   double loss;
 } bench;
 
@@ -96,6 +97,8 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
     double ks[TSR_KERNEL_KINDS];
     tsr_kernel_profile_enable(k >= 0);
     tsr_kernel_profile_read(ks, true);
+    tsr_host_pool_stats p0;
+    tsr_host_pool_read(&p0);
     double t0 = now_s();
     st = tsr_llama_forward(m, tape, x, y, &logits, &loss);
     double t1 = now_s();
@@ -111,6 +114,9 @@ static tsr_status bench_rank(tsr_comm_t *comm, void *arg) {
     TSR_CHECK_GOTO(tsr_adamw_step(opt, 1e-3), st);
     for (int i = 0; i < n; i++) tsr_var_zero_grad(params[i]);
     double t3 = now_s();
+    tsr_host_pool_stats p1;
+    tsr_host_pool_read(&p1);
+    if (k >= 0) b->system_allocs += p1.system_allocations - p0.system_allocations;
     tsr_kernel_profile_enable(false);
     tsr_kernel_profile_read(ks, true);
     if (k >= 0) {
@@ -275,6 +281,12 @@ int main(int argc, char **argv) {
   }
   printf(", outside kernels %.3f s (%.0f%%)\n", mean_step - in_kernels,
          100 * (mean_step - in_kernels) / mean_step);
+  tsr_host_pool_stats ps;
+  tsr_host_pool_read(&ps);
+  printf("host buffers asked of the system in the %d timed steps: %lld (the rest reused); the "
+         "pool holds %.1f MiB, its bound %.1f MiB\n",
+         b.steps, (long long)b.system_allocs, (double)(ps.kept_bytes + ps.live_bytes) / 1048576.0,
+         (double)ps.bound_bytes / 1048576.0);
   printf("%.1f tokens/s, %.1f GFLOP/s, MFU %.1f%% of the measured sgemm peak\n", tokens / step,
          gflops, 100 * gflops / peak);
   printf("bench_train tokens_per_s=%.1f step_s=%.4f gflops=%.2f mfu=%.4f\n", tokens / step, step,

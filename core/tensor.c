@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "host_pool.h"
 #include "kernel_table.h"
 #include "tessera/tensor.h"
 
@@ -93,56 +94,16 @@ uint16_t tsr_f32_to_f16(float f) {
 
 /* ---- allocators ---- */
 
-/* Freed CPU buffers of at least CACHE_MIN_BYTES are kept (up to CACHE_MAX_BYTES in all) and
- * handed out again for the same size. A training step frees and allocates the same activation
- * and gradient sizes every step; without this, the large ones go back to the OS and return as
- * fresh pages, each costing a fault and a kernel zeroing on top of the tensor's own memset. The
- * allocator counters (bytes_in_use, peak_bytes) are kept above this and do not see it. */
-#define CACHE_MIN_BYTES ((size_t)1 << 20)
-#define CACHE_MAX_BYTES ((size_t)256 << 20)
-#define CACHE_SLOTS     128
-
-static struct {
-  pthread_mutex_t lock;
-  size_t total;
-  size_t bytes[CACHE_SLOTS]; /* 0: slot empty */
-  void *ptr[CACHE_SLOTS];
-} cpu_cache = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
+/* Host memory comes from the process's buffer pool (host_pool.c), which reuses freed buffers of
+ * the same size: a step's activations are made and freed at the same sizes every step. */
 static void *cpu_alloc(void *context, size_t bytes) {
-  if (bytes >= CACHE_MIN_BYTES) {
-    void *hit = NULL;
-    pthread_mutex_lock(&cpu_cache.lock);
-    for (int i = 0; i < CACHE_SLOTS && !hit; i++)
-      if (cpu_cache.bytes[i] == bytes) {
-        hit = cpu_cache.ptr[i];
-        cpu_cache.bytes[i] = 0;
-        cpu_cache.total -= bytes;
-      }
-    pthread_mutex_unlock(&cpu_cache.lock);
-    if (hit) return hit;
-  }
-  void *p = NULL;
-  /* 64-byte alignment for vector loads; at least one byte so empty tensors have storage. */
-  if (posix_memalign(&p, 64, bytes ? bytes : 1) != 0) return NULL;
-  return p;
+  (void)context;
+  return tsr_host_pool_alloc(bytes);
 }
 
 static void cpu_free(void *context, void *ptr, size_t bytes) {
-  if (ptr && bytes >= CACHE_MIN_BYTES) {
-    bool kept = false;
-    pthread_mutex_lock(&cpu_cache.lock);
-    for (int i = 0; i < CACHE_SLOTS && !kept && cpu_cache.total + bytes <= CACHE_MAX_BYTES; i++)
-      if (cpu_cache.bytes[i] == 0) {
-        cpu_cache.bytes[i] = bytes;
-        cpu_cache.ptr[i] = ptr;
-        cpu_cache.total += bytes;
-        kept = true;
-      }
-    pthread_mutex_unlock(&cpu_cache.lock);
-    if (kept) return;
-  }
-  free(ptr);
+  (void)context;
+  tsr_host_pool_free(ptr, bytes);
 }
 
 void tsr_allocator_init_cpu(tsr_allocator *a) {

@@ -77,6 +77,21 @@ TSR_API void *tsr_allocator_alloc(tsr_allocator *a, size_t bytes);
 TSR_API void tsr_allocator_free(tsr_allocator *a, void *ptr, size_t bytes);
 TSR_API void tsr_allocator_reset_peak(tsr_allocator *a);
 
+/* Every CPU allocator draws on one host buffer pool per process, which keeps freed buffers by
+ * size and hands them out again, within the most bytes ever handed out at once (ABI 1.3). Its
+ * counters since the process started, for tests and benchmarks: a steady-state training step
+ * makes no system allocation. */
+typedef struct tsr_host_pool_stats {
+  int64_t system_allocations; /* buffers asked of the system (malloc) */
+  int64_t reuses;             /* buffers handed out again from the pool */
+  int64_t evictions;          /* kept buffers given back to the system to stay within the bound */
+  size_t kept_bytes;          /* bytes kept for reuse now */
+  size_t live_bytes;          /* bytes handed out now */
+  size_t bound_bytes;         /* the most bytes handed out at once: kept + live never exceeds it */
+} tsr_host_pool_stats;
+
+TSR_API void tsr_host_pool_read(tsr_host_pool_stats *out);
+
 /* Shared, reference-counted buffer. Opaque to users; tensors point at it. */
 typedef struct tsr_storage tsr_storage;
 
