@@ -2,11 +2,11 @@
 # doc_mask.sh TESSERA TOKENIZER.json TEXT OUTDIR MODE: [data] mask = document end to end, on a
 # corpus tokenized here (TEXT, one document per line, through TOKENIZER.json).
 #   mesh    one training step under dp, tp (kv heads split and replicated), tp + sp, FSDP x tp,
-#           pp, ring_cp (contiguous and zigzag), ulysses_cp, ring_cp x ulysses_cp, pp x dp x tp
-#           and dp x zigzag ring_cp equals the 1-rank document-masked
-#           step (tessera compare at rtol = atol = 1e-4), and the 1-rank step itself differs
-#           from the causal one (so the comparison sees the mask); ring, Ulysses and tp 4 on
-#           the emulated device equal their CPU runs bit for bit
+#           pp (1f1b, interleaved, zero bubble), ring_cp (contiguous and zigzag), ulysses_cp,
+#           ring_cp x ulysses_cp, pp x dp x tp and dp x zigzag ring_cp equals the 1-rank
+#           document-masked step (tessera compare at rtol = atol = 1e-4), and the 1-rank step
+#           itself differs from the causal one (so the comparison sees the mask); ring, Ulysses
+#           and tp 4 on the emulated device equal their CPU runs bit for bit
 #   errors  mask = document without an index, on a text: / synthetic source, with an index that
 #           does not pair with the token file, with activation checkpointing, and under a
 #           plugin whose attention rule predates document masking (TESSERA_PLUGIN_PATH must
@@ -54,8 +54,8 @@ mesh() {
   fail=0 n=0
   while read -r dims shape plugins extra; do
     n=$((n + 1))
-    name=$(echo "$dims=$shape$extra" | tr ',=' '__')
-    # shellcheck disable=SC2086 # extra is "--set KEY=VALUE" or empty
+    name=$(echo "$dims=$shape$extra" | tr ',= ' '___')
+    # shellcheck disable=SC2086 # extra is "--set KEY=VALUE" pairs or empty
     "$bin" run job.ini --no-peak --set "mesh.dims=$dims" --set "mesh.shape=$shape" \
       --set "plugins.load=$plugins" $extra --dump "$name.st" >"$name.log" 2>&1
     if [ $? -ne 0 ]; then
@@ -73,6 +73,8 @@ dp 2 dp
 tp 2 tp
 tp 2 tp,sp
 pp 2 pp
+pp 2 pp --set strategy.pp.schedule=interleaved_1f1b --set strategy.pp.stages_per_rank=2 --set strategy.pp.microbatches=4
+pp 2 pp --set strategy.pp.schedule=zero_bubble --set strategy.pp.microbatches=4
 ring_cp 2 cp_ring
 ring_cp 2 cp_ring --set strategy.cp_ring.load_balance=zigzag
 ulysses_cp 2 cp_ulysses
