@@ -13,6 +13,7 @@
 #include "tessera/io.h"
 #include "train.h"
 #include "train_ckpt.h"
+#include "train_log.h"
 
 #define MAX_FILES 8
 
@@ -139,7 +140,8 @@ tsr_status tsr_app_check_files(const tsr_config *c) {
   if (colon && colon[1]) add(c, in, &nin, "data", "source", "", colon + 1, NULL);
   /* the held-out data: its keys first, so that a source without a use is said so */
   TSR_CHECK(tsr_train_eval_check(c));
-  TSR_CHECK(tsr_train_ckpt_check(c)); /* [checkpoint] dir, every, keep_last, load = latest */
+  TSR_CHECK(tsr_train_ckpt_check(c));   /* [checkpoint] dir, every, keep_last, load = latest */
+  TSR_CHECK(tsr_train_tboard_check(c)); /* [output] tensorboard: a folder */
   const char *eval = tsr_config_ext_of(c)->eval.source;
   colon = strchr(eval, ':');
   if (colon && colon[1]) add(c, in, &nin, "eval", "source", "", colon + 1, NULL);

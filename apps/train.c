@@ -255,6 +255,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   /* the check step writes nothing: no trace, no metrics, no evaluation */
   if (!check) TSR_CHECK_GOTO(tsr_train_trace_begin(t), st);
   if (lead && !check) st = tsr_train_metrics_open(&ctx->log, c, t->start_step);
+  if (lead && !check && st == TSR_OK) st = tsr_train_tboard_open(&ctx->log, c);
   TSR_CHECK_GOTO(agree(all, st), st);
   if (train && !check) TSR_CHECK_GOTO(tsr_train_ckpt_async_begin(t), st);
   if (lead) tsr_train_log_begin(&ctx->log, t->start_step, end);
@@ -334,6 +335,10 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
   }
   if (lead) tsr_train_log_end(&ctx->log);
   if (lead) st = tsr_train_metrics_close(&ctx->log, c);
+  if (lead) {
+    tsr_status tb = tsr_train_tboard_close(&ctx->log, c);
+    if (st == TSR_OK) st = tb;
+  }
   TSR_CHECK_GOTO(agree(all, st), st);
   if (check) goto cleanup;
   if (train && end > t->start_step) TSR_CHECK_GOTO(report_mem(t, all, &mem, ctx->log.out), st);
@@ -355,6 +360,7 @@ static tsr_status run_steps(tsr_train_rank *t, run_ctx *ctx, tsr_group_t *all) {
 cleanup:
   tsr_train_ckpt_async_free(t); /* a background write under way ends before the rank does */
   if (lead) tsr_train_metrics_close(&ctx->log, c); /* after a failure: the lines so far */
+  if (lead) tsr_train_tboard_close(&ctx->log, c);  /* and the events */
   tsr_train_trace_end(t);
   tsr_train_eval_close(&ev);
   tsr_train_docs_free(t);

@@ -149,15 +149,15 @@ static void metrics_line(tsr_train_log *l, const char *line) {
   if (fputs(line, l->metrics) < 0 || fflush(l->metrics) != 0) l->metrics_failed = true;
 }
 
-static void metrics_step(tsr_train_log *l, const tsr_train_step_stats *s, double tps, double flops,
-                         double mfu) {
+static void metrics_step(tsr_train_log *l, const tsr_train_step_stats *s, double wall, double tps,
+                         double flops, double mfu) {
   if (!l->metrics) return;
   char line[2560], a[64], b[64], c[64], skip[1536];
   int n = snprintf(line, sizeof line,
                    "{\"step\": %lld, \"kind\": \"%s\", \"time\": %.3f, \"loss\": %s, \"lr\": %.6g, "
                    "\"grad_norm\": %s, \"tokens_per_s\": %.1f, \"flops_per_s\": %.6g, \"mfu\": %s, "
                    "\"peak_bytes\": %lld, \"peak_bytes_min\": %lld, \"secs\": %.6f",
-                   (long long)s->step, s->train ? "train" : "forward", wall_s(),
+                   (long long)s->step, s->train ? "train" : "forward", wall,
                    json_num(s->loss, "%.6f", a, sizeof a), s->lr,
                    json_num(s->train ? s->grad_norm : NAN, "%.6g", b, sizeof b), tps, flops,
                    json_num(mfu >= 0 ? mfu : NAN, "%.4f", c, sizeof c), (long long)s->peak_bytes,
@@ -177,7 +177,27 @@ void tsr_train_log_step(tsr_train_log *l, const tsr_train_step_stats *s) {
   double tps = (double)l->tokens_per_step / s->secs;
   double flops = tps * l->flops_per_token / (s->train ? 1.0 : 3.0);
   double mfu = l->peak_gflops > 0 ? flops / (l->peak_gflops * 1e9) : -1;
-  metrics_step(l, s, tps, flops, mfu);
+  double wall = wall_s();
+  metrics_step(l, s, wall, tps, flops, mfu);
+  /* the same figures as the metrics' line, under "<kind>/<key>" */
+  static const char *const train_tags[] = {
+      "train/loss",        "train/lr",  "train/grad_norm",  "train/tokens_per_s",
+      "train/flops_per_s", "train/mfu", "train/peak_bytes", "train/peak_bytes_min",
+      "train/secs"};
+  static const char *const fwd_tags[] = {
+      "forward/loss",        "forward/lr",  "forward/grad_norm",  "forward/tokens_per_s",
+      "forward/flops_per_s", "forward/mfu", "forward/peak_bytes", "forward/peak_bytes_min",
+      "forward/secs"};
+  double vals[9] = {s->loss,
+                    s->lr,
+                    s->train ? s->grad_norm : NAN,
+                    tps,
+                    flops,
+                    mfu >= 0 ? mfu : NAN,
+                    (double)s->peak_bytes,
+                    (double)s->peak_bytes_min,
+                    s->secs};
+  tsr_train_tboard_scalars(l, s->step, wall, 9, s->train ? train_tags : fwd_tags, vals);
   if (l->json) {
     char lb[64], gb[64];
     fprintf(l->out,
@@ -245,13 +265,18 @@ void tsr_train_log_end(tsr_train_log *l) {
 }
 
 void tsr_train_log_eval(tsr_train_log *l, const tsr_train_eval_result *e) {
+  double wall = wall_s();
+  static const char *const tags[] = {"eval/loss", "eval/ppl", "eval/batches", "eval/tokens",
+                                     "eval/secs"};
+  double vals[5] = {e->loss, e->ppl, (double)e->batches, (double)e->tokens, e->secs};
+  tsr_train_tboard_scalars(l, e->step, wall, 5, tags, vals);
   if (l->metrics) {
     char line[512], a[64], b[64];
     snprintf(line, sizeof line,
              "{\"step\": %lld, \"kind\": \"eval\", \"time\": %.3f, \"eval_loss\": %s, "
              "\"eval_ppl\": %s, \"eval_batches\": %lld, \"eval_tokens\": %lld, \"eval_secs\": "
              "%.6f}\n",
-             (long long)e->step, wall_s(), json_num(e->loss, "%.6f", a, sizeof a),
+             (long long)e->step, wall, json_num(e->loss, "%.6f", a, sizeof a),
              json_num(e->ppl, "%.6g", b, sizeof b), (long long)e->batches, (long long)e->tokens,
              e->secs);
     metrics_line(l, line);

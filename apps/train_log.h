@@ -28,6 +28,8 @@ typedef struct tsr_train_log {
   FILE *metrics;
   int64_t metrics_kept;
   bool metrics_failed;
+  /* [output] tensorboard (train_tboard.c): the event file, NULL without one */
+  struct tsr_train_tboard *tboard;
 } tsr_train_log;
 
 /* What one step measured. */
@@ -59,6 +61,20 @@ void tsr_train_log_end(tsr_train_log *l);
  * append a line each. Close syncs it and reports a write that failed. Rank 0 only. */
 tsr_status tsr_train_metrics_open(tsr_train_log *l, const tsr_config *c, int64_t start_step);
 tsr_status tsr_train_metrics_close(tsr_train_log *l, const tsr_config *c);
+
+/* [output] tensorboard (train_tboard.c). Check: the folder is one, or absent with its parent
+ * there (TSR_EINVAL naming the key and the fix; part of the job's file checks). Open makes the
+ * folder when absent and a new events.out.tfevents.TIME.HOST in it, and keeps it in l->tboard;
+ * tsr_train_log_step and tsr_train_log_eval add an event each. Close syncs it and reports a
+ * write that failed. Rank 0 only. */
+typedef struct tsr_train_tboard tsr_train_tboard;
+tsr_status tsr_train_tboard_check(const tsr_config *c);
+tsr_status tsr_train_tboard_open(tsr_train_log *l, const tsr_config *c);
+tsr_status tsr_train_tboard_close(tsr_train_log *l, const tsr_config *c);
+/* One event of step `step` at `wall_time` (seconds since the epoch) with the `n` scalars; a value
+ * that is not finite is left out, as the metrics write it null. */
+void tsr_train_tboard_scalars(tsr_train_log *l, int64_t step, double wall_time, int n,
+                              const char *const *tags, const double *values);
 
 /* One line (or JSON object) for an evaluation on held-out data. */
 struct tsr_train_eval_result;

@@ -210,6 +210,10 @@ const tsr_schema_entry tsr_schema[] = {
     XKEY_STRING("output", "metrics", output.metrics, "",
                 "JSON Lines file, one object per step (loss, lr, grad norm, tokens/s, MFU, peak "
                 "memory) and per evaluation (eval loss), written as the run goes; empty = none"),
+    XKEY_STRING("output", "tensorboard", output_tb.tensorboard, "",
+                "folder of a TensorBoard event file (events.out.tfevents.TIME.HOST) with the "
+                "metrics' scalars, written by rank 0 as the run goes; made when absent; empty = "
+                "none"),
 
     XKEY_STRING("eval", "source", eval.source, "",
                 "held-out data, as [data] source (batch_size and seq_len from [data]); empty = "

@@ -229,6 +229,10 @@ typedef struct tsr_config_ext {
      * thread writes them while training goes on */
     bool async;
   } checkpoint_async;
+  struct {
+    /* [output] tensorboard: folder of the run's TensorBoard event file; "" = none */
+    char tensorboard[TSR_MAX_VALUE];
+  } output_tb;
 } tsr_config_ext;
 
 /* The keys added since ABI 1.0 of a config made by tsr_config_load or tsr_config_parse_string. */

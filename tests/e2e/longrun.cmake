@@ -51,3 +51,14 @@ add_test(NAME e2e_signal
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/signal.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
           ${E2E_OUT}/signal ${SIGNAL_MPIRUN})
 set_tests_properties(e2e_signal PROPERTIES LABELS e2e TIMEOUT 300 PASS_REGULAR_EXPRESSION "signal: ok")
+
+# [output] tensorboard: the event file read back by an independent reader (python3-protobuf, the
+# messages built from a descriptor in the script, both CRCs of every record recomputed), equal to
+# the metrics lines of the same run on 8 ranks and in forward mode; the path's errors. Skipped
+# (77) where python3 or google.protobuf is missing.
+add_test(NAME e2e_metrics_tensorboard
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/tboard.sh ${TESSERA_BIN} ${E2E_JOBS}/mesh_matrix.ini
+          ${E2E_OUT}/tensorboard)
+set_tests_properties(e2e_metrics_tensorboard PROPERTIES LABELS e2e SKIP_RETURN_CODE 77
+  SKIP_REGULAR_EXPRESSION "tensorboard: skipped"
+  PASS_REGULAR_EXPRESSION "tensorboard: ok")
