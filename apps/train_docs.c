@@ -21,12 +21,6 @@ tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data) {
                      "%s: [eval] source with mask = document is not supported yet; evaluate with "
                      "mask = causal or leave [eval] source empty",
                      tsr_config_where(c, "data", "mask", where, sizeof where));
-  if (x->model_memory.activation_checkpointing != TSR_ACT_CKPT_NONE)
-    return TSR_ERROR(TSR_EINVAL,
-                     "%s: mask = document with [model] activation_checkpointing = full is not "
-                     "supported yet (the recomputed layers would not see the documents); set one "
-                     "of them back",
-                     tsr_config_where(c, "data", "mask", where, sizeof where));
   const char *colon = strchr(c->data.source, ':');
   if (x->data_docs.index[0]) {
     tsr_train_path(c, x->data_docs.index, index, sizeof index);

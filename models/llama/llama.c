@@ -686,10 +686,6 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
 tsr_status tsr_llama_set_documents(tsr_llama_t *m, tsr_var *seg, tsr_var *pos) {
   if (!seg != !pos)
     return TSR_ERROR(TSR_EINVAL, "document masking takes both segment ids and positions");
-  if (seg && m->cfg.checkpoint_every > 0)
-    return TSR_ERROR(TSR_ENOTSUP,
-                     "[data] mask = document with [model] activation_checkpointing = full is not "
-                     "supported yet: the recomputed layers would not see the documents");
   m->doc_seg = seg;
   m->doc_pos = pos;
   return TSR_OK;

@@ -146,8 +146,8 @@ tsr_status tsr_llama_forward(tsr_llama_t *m, tsr_tape_t *t, tsr_var *ids, tsr_va
  * tsr_llama_batch makes them on the mesh the forward runs on (a stage's mesh under a pipeline),
  * are the segment ids and positions of the batch the following forwards take: RoPE rotates by
  * pos and attention stays inside each segment. NULL, NULL: causal over the row. The vars stay
- * the caller's and must outlive the forward and its backward. Refused (TSR_ENOTSUP) with
- * activation checkpointing, whose recomputation would not see them. */
+ * the caller's and must outlive the forward and its backward, during which they stay set: a
+ * checkpointed layer recomputes its forward there (llama_ckpt.c) and masks as the forward did. */
 tsr_status tsr_llama_set_documents(tsr_llama_t *m, tsr_var *seg, tsr_var *pos);
 
 /* ---- Stage by stage, for pipeline schedules ---- */

@@ -167,7 +167,7 @@ static tsr_status do_forward(pipe_ctx *p, int k, int chunk, const int32_t *ids,
 /* The backward of one (microbatch, chunk): whole (kind BACKWARD), its input part
  * (BACKWARD_INPUT: the gradient the previous stage waits for, weight gradients deferred on the
  * tape) or its weight part (BACKWARD_WEIGHT). */
-static tsr_status do_backward(pipe_ctx *p, int k, int chunk, int kind) {
+static tsr_status backward_of(pipe_ctx *p, int k, int chunk, int kind) {
   mb_state *b = state(p, k, chunk);
   int s = vstage(p, chunk);
   if (kind == TSR_PIPE_BACKWARD_WEIGHT) {
@@ -212,6 +212,16 @@ static tsr_status do_backward(pipe_ctx *p, int k, int chunk, int kind) {
   }
   if (kind == TSR_PIPE_BACKWARD) mb_release(p, b);
   return TSR_OK;
+}
+
+/* backward_of with the microbatch's documents set: a checkpointed layer recomputes its forward
+ * in the backward, and must mask as the forward did. */
+static tsr_status do_backward(pipe_ctx *p, int k, int chunk, int kind) {
+  mb_state *b = state(p, k, chunk);
+  TSR_CHECK(tsr_llama_set_documents(p->m, b->seg, b->pos));
+  tsr_status st = backward_of(p, k, chunk, kind);
+  tsr_llama_set_documents(p->m, NULL, NULL); /* the leaves may be released by now */
+  return st;
 }
 
 /* The buffer a message sends, or a fresh one it receives into. */
