@@ -76,6 +76,14 @@ void tsr_app_print_plan(const tsr_app_job *job, FILE *f) {
     free(act);
   } else {
     fprintf(f, "parameters and state per rank: not computed: %s\n", tsr_last_error());
+    /* the activations need no model: with the state split evenly instead */
+    tsr_train_act *act = calloc((size_t)world, sizeof *act);
+    if (act && per_rank && tsr_train_act_plan(job, act) == TSR_OK) {
+      tsr_train_act_state_estimate(job, per_rank);
+      fprintf(f, "(the state below: parameters split evenly over tp, dp_shard and the stages)\n");
+      tsr_train_act_print(f, job, per_rank, act);
+    }
+    free(act);
   }
   free(params);
   free(per_rank);

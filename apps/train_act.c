@@ -15,15 +15,16 @@
 
 #include "train_act.h"
 
-#define F32       4
-#define MAX_VARS  256
-#define MAX_NODES 256
+#define F32 4
+/* vars and nodes a decoder layer (or the embedding and head) records, at most (about 25) */
+#define PER_LAYER 64
 
 typedef struct svar {
   int64_t bytes;  /* the value, held until the tape is reset */
   int64_t gbytes; /* its gradient */
   bool rg;        /* requires grad */
   bool has_grad;
+  bool alone; /* a parameter dp cannot bucket: its gradient is reduced alone when ready */
 } svar;
 
 typedef struct snode {
@@ -35,9 +36,10 @@ typedef struct snode {
 } snode;
 
 typedef struct stape {
-  svar v[MAX_VARS];
-  snode n[MAX_NODES];
-  int nv, nn;
+  svar *v;    /* (cap) */
+  snode *n;   /* (cap) */
+  int nv, nn; /* used */
+  int cap;
 } stape;
 
 /* Sizes of one rank's tensors and the running count. Params: ids PARAM + k. */
@@ -48,8 +50,11 @@ typedef struct sim {
   int cur;          /* the layer whose parameters param() names; num_hidden_layers: the others */
   bool grads_exist; /* a later microbatch: every parameter's gradient is there already */
   bool sync;        /* the step's last backward: dp's gradient hooks flush their buckets */
-  int64_t pgrads;   /* bytes of the parameters' gradients made so far */
+  bool nested;      /* in a recomputed layer's backward, whose tape fires no hooks */
+  int64_t bucket_cap; /* dp's bucket_mb in bytes; 0: no dp dim syncs */
+  int64_t bucket_now; /* gradients in the bucket */
   bool recording;
+  bool failed; /* a tape ran out of room: the figure is not given */
   /* shapes */
   int64_t T, Tl;         /* tokens in the residual stream / at the linears' inputs */
   int64_t C, Cq, Ckv, I; /* hidden; local q, k/v and MLP widths */
@@ -57,6 +62,8 @@ typedef struct sim {
   int64_t Eloc;          /* experts on this rank */
   int tp, uly, fsdp;     /* sizes that change the ops' shapes */
   bool sp, moe_ep;       /* sequence parallelism; experts split over ep */
+  bool kv_whole;         /* tp > kv heads: k_proj and v_proj stay whole on every tp rank */
+  bool fsdp_tp_rows;     /* dp_shard before tp in the mesh: tp's column weights sync alone */
   int64_t ckv_expand;    /* Ulysses: kv heads repeated to its degree */
   const tsr_llama_config *mc;
   int every;         /* checkpoint_every; 0: none */
@@ -80,13 +87,46 @@ static int param(sim *s, int k, int64_t grad) {
   return PARAM + 16 * s->cur + k;
 }
 
-static int leaf(stape *t, int64_t bytes) {
-  t->v[t->nv] = (svar){bytes, bytes, false, false};
+/* A tape with room for `layers` decoder layers and the embedding and head, or NULL. */
+static stape *tape_new(int layers) {
+  stape *t = calloc(1, sizeof *t);
+  if (!t) return NULL;
+  t->cap = PER_LAYER * (layers + 2);
+  t->v = calloc((size_t)t->cap, sizeof *t->v);
+  t->n = calloc((size_t)t->cap, sizeof *t->n);
+  if (!t->v || !t->n) {
+    free(t->v);
+    free(t->n);
+    free(t);
+    return NULL;
+  }
+  return t;
+}
+
+static void tape_free(stape *t) {
+  if (!t) return;
+  free(t->v);
+  free(t->n);
+  free(t);
+}
+
+/* Var 0 stands in for any var past the tape's room (never reached: PER_LAYER bounds it), so
+ * that the replay stays in bounds; the result is then marked failed. */
+static int room(sim *s, stape *t) {
+  if (t->nv < t->cap && t->nn < t->cap) return 1;
+  s->failed = true;
+  return 0;
+}
+
+static int leaf(sim *s, stape *t, int64_t bytes) {
+  if (!room(s, t)) return 0;
+  t->v[t->nv] = (svar){bytes, bytes, false, false, false};
   return t->nv++;
 }
 
 /* Records an op: its output of `out` bytes (and `saved`) is held from here on. */
 static int op(sim *s, stape *t, int64_t out, int64_t saved, int nin, const int *in) {
+  if (!room(s, t)) return 0;
   snode *n = &t->n[t->nn];
   memset(n, 0, sizeof *n);
   n->layer = -1;
@@ -96,7 +136,7 @@ static int op(sim *s, stape *t, int64_t out, int64_t saved, int nin, const int *
     rg = rg || var(s, t, in[i])->rg;
   }
   n->nin = nin;
-  t->v[t->nv] = (svar){out, out, rg && s->recording, false};
+  t->v[t->nv] = (svar){out, out, rg && s->recording, false, false};
   n->out[0] = t->nv;
   n->nout = 1;
   s->live += out;
@@ -125,6 +165,32 @@ static void tape_reset(sim *s, stape *t) {
 static void layer_ops(sim *s, stape *t, int l, int h, int *out);
 static void backward(sim *s, stape *t);
 
+/* dp's gradient hook (dp_bucket.c), in the step's last backward: a parameter's final gradient
+ * joins the bucket, and a bucket of bucket_mb goes out at once: all-reduced through one flat
+ * copy, or (FSDP) reduce-scattered from one into a buffer of 1 / dp_shard of it, after which
+ * each whole gradient gives way to its shard. */
+static void bucket_flush(sim *s) {
+  int64_t b = s->bucket_now, shard = s->fsdp > 1 ? b / s->fsdp : 0;
+  bump(s, b + shard);
+  if (s->fsdp > 1) s->live -= b - shard;
+  s->bucket_now = 0;
+}
+
+static void bucket_add(sim *s, const svar *v) {
+  if (!s->sync || s->bucket_cap <= 0) return;
+  int64_t bytes = v->gbytes;
+  if (v->alone) {
+    /* FSDP beside a later dim that splits rows too (tp's column weights): dp reduces the
+     * gradient on its own at once, into its shard */
+    int64_t shard = s->fsdp > 1 ? bytes / s->fsdp : bytes;
+    bump(s, shard);
+    s->live -= bytes - shard;
+    return;
+  }
+  s->bucket_now += bytes;
+  if (s->bucket_now >= s->bucket_cap) bucket_flush(s);
+}
+
 /* Adds a gradient of `bytes` into v's: kept when v had none, freed again otherwise. */
 static void accumulate(sim *s, svar *v, int64_t bytes) {
   if (!v->rg) return;
@@ -138,10 +204,13 @@ static void accumulate(sim *s, svar *v, int64_t bytes) {
 /* The backward of a recomputed layer (llama_ckpt.c): a copy of its input, the layer run again on
  * a recording tape, a copy of the output's gradient, that tape's backward. */
 static void ckpt_backward(sim *s, stape *t, snode *n) {
-  stape *sub = calloc(1, sizeof *sub);
-  if (!sub) return;
+  stape *sub = tape_new(1);
+  if (!sub) {
+    s->failed = true;
+    return;
+  }
   int64_t hb = var(s, t, n->in[0])->bytes;
-  int hx = leaf(sub, hb);
+  int hx = leaf(s, sub, hb);
   sub->v[hx].rg = true;
   s->live += hb;
   bool rec = s->recording;
@@ -162,7 +231,7 @@ static void ckpt_backward(sim *s, stape *t, snode *n) {
     accumulate(s, h, hb);
   }
   tape_reset(s, sub);
-  free(sub);
+  tape_free(sub);
 }
 
 static void backward(sim *s, stape *t) {
@@ -172,7 +241,13 @@ static void backward(sim *s, stape *t) {
     for (int k = 0; k < n->nout; k++) reached = reached || t->v[n->out[k]].has_grad;
     if (!reached) continue;
     if (n->layer >= 0) {
+      /* the inner tape fires no gradient hooks: the node's weights are ready after it */
+      bool nested = s->nested;
+      s->nested = true;
       ckpt_backward(s, t, n);
+      s->nested = nested;
+      for (int k = 0; !nested && k < 16; k++)
+        if (s->p[16 * n->layer + k].rg) bucket_add(s, &s->p[16 * n->layer + k]);
     } else {
       int64_t fresh = 0;
       for (int j = 0; j < n->nin; j++) {
@@ -185,8 +260,9 @@ static void backward(sim *s, stape *t) {
         int64_t b = n->in[j] >= PARAM ? v->gbytes : v->bytes;
         if (n->in[j] >= PARAM) {
           /* parameters' gradients stay to the optimizer step */
-          if (v->rg && !v->has_grad) s->live += b, s->pgrads += b;
+          if (v->rg && !v->has_grad) s->live += b;
           v->has_grad = v->rg;
+          if (v->rg && !s->nested) bucket_add(s, v);
         } else {
           accumulate(s, v, b);
         }
@@ -203,10 +279,11 @@ static void backward(sim *s, stape *t) {
 /* A linear on x with a weight of w_elems local elements. FSDP gathers the weight for the
  * forward (dropped once the op has run) and again for the backward, where the whole weight's
  * gradient exists before it is split. */
-static int linear(sim *s, stape *t, int x, int k, int64_t out, int64_t w_elems) {
+static int linear(sim *s, stape *t, int x, int k, int64_t out, int64_t w_elems, bool column) {
   int64_t full = w_elems * F32;
   /* under FSDP the gradient stays whole (a Partial sum) until dp's bucket reduce-scatters it */
   int w = param(s, k, full);
+  s->p[w - PARAM].alone = column && s->fsdp_tp_rows;
   if (s->fsdp > 1) bump(s, full + out);
   int y = OP(s, t, out, 0, x, w);
   if (s->fsdp > 1 && t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].bwd_ws = full;
@@ -227,9 +304,9 @@ static int rmsnorm(sim *s, stape *t, int x, int k, int64_t rows) {
 static void attention(sim *s, stape *t, int x, int *out) {
   int64_t Tl = s->Tl, C = s->C;
   if (s->sp) x = move(s, t, x, Tl * C * F32); /* gathered from the sequence shards */
-  int q = linear(s, t, x, 1, Tl * s->Cq * F32, s->Cq * C);
-  int k = linear(s, t, x, 2, Tl * s->Ckv * F32, s->Ckv * C);
-  int v = linear(s, t, x, 3, Tl * s->Ckv * F32, s->Ckv * C);
+  int q = linear(s, t, x, 1, Tl * s->Cq * F32, s->Cq * C, true);
+  int k = linear(s, t, x, 2, Tl * s->Ckv * F32, s->Ckv * C, !s->kv_whole);
+  int v = linear(s, t, x, 3, Tl * s->Ckv * F32, s->Ckv * C, !s->kv_whole);
   int qh = OP(s, t, Tl * s->Cq * F32, 0, q), kh = OP(s, t, Tl * s->Ckv * F32, 0, k);
   int vh = OP(s, t, Tl * s->Ckv * F32, 0, v);
   int qr = OP(s, t, Tl * s->Cq * F32, 0, qh), kr = OP(s, t, Tl * s->Ckv * F32, 0, kh);
@@ -237,7 +314,7 @@ static void attention(sim *s, stape *t, int x, int *out) {
   int64_t kept = s->uly > 1 ? Tl * F32 * (2 * s->Cq + 2 * s->Ckv * s->ckv_expand) : 0;
   int a = OP(s, t, Tl * s->Cq * F32, kept, qr, kr, vh);
   int am = OP(s, t, Tl * s->Cq * F32, 0, a);
-  int o = linear(s, t, am, 4, Tl * C * F32, C * s->Cq);
+  int o = linear(s, t, am, 4, Tl * C * F32, C * s->Cq, false);
   if (s->tp > 1) o = move(s, t, o, s->T * C * F32); /* all-reduce, or sp's reduce-scatter */
   *out = o;
 }
@@ -245,10 +322,10 @@ static void attention(sim *s, stape *t, int x, int *out) {
 static int mlp(sim *s, stape *t, int x) {
   int64_t Tl = s->Tl, C = s->C;
   if (s->sp) x = move(s, t, x, Tl * C * F32);
-  int g = linear(s, t, x, 6, Tl * s->I * F32, s->I * C);
-  int u = linear(s, t, x, 7, Tl * s->I * F32, s->I * C);
+  int g = linear(s, t, x, 6, Tl * s->I * F32, s->I * C, true);
+  int u = linear(s, t, x, 7, Tl * s->I * F32, s->I * C, true);
   int w = OP(s, t, Tl * s->I * F32, 0, g, u);
-  int d = linear(s, t, w, 8, Tl * C * F32, C * s->I);
+  int d = linear(s, t, w, 8, Tl * C * F32, C * s->I, false);
   if (s->tp > 1) d = move(s, t, d, s->T * C * F32);
   return d;
 }
@@ -294,8 +371,11 @@ static int decoder_layer(sim *s, stape *t, int l, int h) {
     layer_ops(s, t, l, h, &out);
     return out;
   }
-  stape *sub = calloc(1, sizeof *sub);
-  if (!sub) return h;
+  stape *sub = tape_new(1);
+  if (!sub) {
+    s->failed = true;
+    return h;
+  }
   bool rec = s->recording;
   int64_t lin = s->lin_out; /* its linears are not on the outer tape */
   s->recording = false;
@@ -305,7 +385,7 @@ static int decoder_layer(sim *s, stape *t, int l, int h) {
   int64_t ob = sub->v[out].bytes;
   bump(s, ob);
   tape_reset(s, sub);
-  free(sub);
+  tape_free(sub);
   int o = OP(s, t, ob, 0, h);
   t->n[t->nn - 1].layer = l;
   /* the node lists the layer's weights: mark them for gradients */
@@ -341,8 +421,11 @@ static int64_t ceil_div(int64_t a, int64_t b) {
  * rank: forward, then backward; *tape gets the bytes its tape held at the forward's end. */
 static void microbatch(sim *s, const rank_shape *r, const int *layer_stage, int stage, bool first,
                        bool last, int64_t *tape) {
-  stape *t = calloc(1, sizeof *t);
-  if (!t) return;
+  stape *t = tape_new(s->mc->num_hidden_layers);
+  if (!t) {
+    s->failed = true;
+    return;
+  }
   const tsr_llama_config *mc = s->mc;
   int64_t C = s->C, V = mc->vocab_size, start = s->live;
   int64_t Tfull = r->rows * r->seq; /* the tokens before the sequence split of sp */
@@ -351,14 +434,14 @@ static void microbatch(sim *s, const rank_shape *r, const int *layer_stage, int 
   s->cur = nl;
   if (first) {
     /* the ids, whole on each rank, then placed as the data layout says */
-    int ids = leaf(t, r->rows * r->dp * r->seq * r->ring * r->uly * 4);
+    int ids = leaf(s, t, r->rows * r->dp * r->seq * r->ring * r->uly * 4);
     s->live += t->v[ids].bytes;
     int x = OP(s, t, Tfull * 4, 0, ids);
     int w = param(s, 12, V * C * F32 / r->tp / (r->fsdp > 1 ? r->fsdp : 1));
     h = OP(s, t, Tfull * (C / r->tp) * F32, 0, x, w);
     if (r->tp > 1) h = move(s, t, h, s->T * C * F32);
   } else {
-    h = leaf(t, s->T * C * F32); /* received from the previous stage */
+    h = leaf(s, t, s->T * C * F32); /* received from the previous stage */
     t->v[h].rg = true;
     s->live += t->v[h].bytes;
   }
@@ -373,8 +456,8 @@ static void microbatch(sim *s, const rank_shape *r, const int *layer_stage, int 
     int n = rmsnorm(s, t, h, 13, s->T);
     if (s->sp) n = move(s, t, n, s->Tl * C * F32);
     int64_t Vl = V / r->tp;
-    int logits = linear(s, t, n, 14, s->Tl * Vl * F32, Vl * C);
-    int labels = leaf(t, r->rows * r->dp * r->seq * r->ring * r->uly * 4);
+    int logits = linear(s, t, n, 14, s->Tl * Vl * F32, Vl * C, true);
+    int labels = leaf(s, t, r->rows * r->dp * r->seq * r->ring * r->uly * 4);
     s->live += t->v[labels].bytes;
     int lab = OP(s, t, Tfull * 4, 0, labels);
     int loss = OP(s, t, F32, 0, logits, lab);
@@ -387,14 +470,10 @@ static void microbatch(sim *s, const rank_shape *r, const int *layer_stage, int 
     s->live += t->v[h].gbytes;
   }
   backward(s, t);
-  /* dp's last bucket at the end of the backward, before the tape is reset: all-reduced as one
-   * flat copy, or reduce-scattered from one and into another of 1 / dp_shard of it (FSDP) */
-  if (r->bucket > 0 && s->sync) {
-    int64_t g = s->pgrads, b = g < r->bucket ? g : r->bucket;
-    bump(s, r->fsdp > 1 ? b + b / r->fsdp : b);
-  }
+  /* dp's last bucket goes out at the end of the backward, before the tape is reset */
+  if (s->sync && s->bucket_now > 0) bucket_flush(s);
   tape_reset(s, t);
-  free(t);
+  tape_free(t);
 }
 
 /* What the other microbatches of this rank hold at worst while one runs, from the schedule's
@@ -504,6 +583,10 @@ tsr_status tsr_train_act_plan(const tsr_app_job *job, tsr_train_act *out) {
     s.topk = mc.num_experts_per_tok;
     s.Eloc = r.ep > 1 ? s.E / r.ep : s.E;
     s.moe_ep = r.ep > 1;
+    s.bucket_cap = r.bucket;
+    s.kv_whole = r.tp > mc.num_key_value_heads;
+    int ds = tsr_mesh_find_dim(job->mesh, "dp_shard"), dt = tsr_mesh_find_dim(job->mesh, "tp");
+    s.fsdp_tp_rows = r.fsdp > 1 && r.tp > 1 && ds >= 0 && dt > ds;
     tsr_train_act *a = &out[rank];
     memset(a, 0, sizeof *a);
     a->microbatches = passes;
@@ -531,6 +614,11 @@ tsr_status tsr_train_act_plan(const tsr_app_job *job, tsr_train_act *out) {
       s.live -= others;
     }
     free(s.p);
+    if (s.failed) {
+      if (have_tl) tsr_pipe_timeline_free(&tl);
+      free(layer_stage);
+      return TSR_ERROR(TSR_ENOMEM, "out of memory replaying rank %d's step", rank);
+    }
     a->peak = s.peak;
     a->grads = s.live; /* after the last backward: the parameters' gradients */
     a->layer = s.layer_max;
@@ -647,6 +735,16 @@ tsr_status tsr_train_act_limit_check(const tsr_app_job *job, const tsr_train_mem
       mib(a->layer), mib(m->optim), mib(m->params), mib(m->grads));
 }
 
+void tsr_train_act_state_estimate(const tsr_app_job *job, tsr_train_mem *state) {
+  tsr_llama_config mc = tsr_train_model_config(job->cfg);
+  int64_t n = tsr_llama_num_params(&mc);
+  int64_t split = (int64_t)owned_size(job, "tp", "tp") * owned_size(job, "dp", "dp_shard");
+  const char *sdim = tsr_registry_stage_dim(job->reg);
+  if (sdim) split *= tsr_mesh_size_of(job->mesh, sdim);
+  int64_t p = (int64_t)F32 * n / (split > 0 ? split : 1);
+  for (int r = 0; r < (int)job->cfg->mesh.world; r++) state[r] = (tsr_train_mem){p, p, 2 * p};
+}
+
 tsr_status tsr_train_act_check(const tsr_app_job *job) {
   const tsr_config *c = job->cfg;
   int64_t limit = 0;
@@ -659,16 +757,10 @@ tsr_status tsr_train_act_check(const tsr_app_job *job) {
       state && act ? TSR_OK : TSR_ERROR(TSR_ENOMEM, "out of memory for %d ranks", world);
   tsr_llama_config mc = tsr_train_model_config(c);
   int64_t n = tsr_llama_num_params(&mc);
-  if (st == TSR_OK && n <= TSR_TRAIN_MEM_PLAN_MAX_PARAMS && world <= TSR_LOCAL_MAX_RANKS) {
+  if (st == TSR_OK && n <= TSR_TRAIN_MEM_PLAN_MAX_PARAMS && world <= TSR_LOCAL_MAX_RANKS)
     st = tsr_train_mem_plan(job, state, NULL);
-  } else if (st == TSR_OK) {
-    /* too large to lay out here: the parameters split evenly over the dims that split them */
-    int64_t split = (int64_t)owned_size(job, "tp", "tp") * owned_size(job, "dp", "dp_shard");
-    const char *sdim = tsr_registry_stage_dim(job->reg);
-    if (sdim) split *= tsr_mesh_size_of(job->mesh, sdim);
-    int64_t p = (int64_t)F32 * n / (split > 0 ? split : 1);
-    for (int r = 0; r < world; r++) state[r] = (tsr_train_mem){p, p, 2 * p};
-  }
+  else if (st == TSR_OK)
+    tsr_train_act_state_estimate(job, state);
   if (st == TSR_OK) st = tsr_train_act_plan(job, act);
   if (st == TSR_OK) st = tsr_train_act_limit_check(job, state, act);
   free(state);

@@ -47,6 +47,10 @@ tsr_status tsr_train_pipe_info(const tsr_app_job *job, const tsr_schedule **sche
 tsr_status tsr_train_act_limit_check(const tsr_app_job *job, const tsr_train_mem *state,
                                      const tsr_train_act *act);
 
+/* The state of a model too large for tsr_train_mem_plan to lay out: parameters split evenly over
+ * the dims that split them (tp, dp_shard, the pipeline stages), gradients alike, two moments. */
+void tsr_train_act_state_estimate(const tsr_app_job *job, tsr_train_mem *state);
+
 /* The whole check of [job] memory_limit that plan and run make before anything runs: each rank's
  * state (laid out as tsr_train_mem_plan does, or split evenly for models too large for that)
  * and activations against the limit. TSR_OK without a limit. */
