@@ -241,6 +241,9 @@ tsr_status tsr_train_eval_run(tsr_train_rank *t, tsr_train_eval *ev, int64_t ste
  * end: the leaves of microbatch k, set on the model, around its forward and backward. pipe: the
  * host arrays from element `offset` for the next tsr_llama_pipe_step. */
 tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data);
+/* The same for [eval] source (its token file's path + ".idx"); its batches' documents go
+ * through t->docs too, which open makes first. */
+tsr_status tsr_train_docs_open_eval(tsr_train_rank *t, tsr_data_t *data);
 tsr_status tsr_train_docs_fetch(tsr_train_rank *t, const tsr_data_t *data);
 tsr_status tsr_train_docs_begin(tsr_train_rank *t, int64_t k, tsr_var **seg, tsr_var **pos);
 void tsr_train_docs_end(tsr_train_rank *t, tsr_var *seg, tsr_var *pos);

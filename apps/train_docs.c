@@ -11,26 +11,30 @@ struct tsr_train_docs {
   int32_t *seg, *pos; /* (batch_size, seq_len) of the step's batch */
 };
 
-tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data) {
-  const tsr_config *c = t->job->cfg;
+/* The document index of `source`, the training data's ([data]) or [eval]'s: [data] index for the
+ * training data when set, else the token file's path + ".idx". */
+static tsr_status use_index(const tsr_config *c, tsr_data_t *data, const char *section,
+                            const char *source) {
   const tsr_config_ext *x = tsr_config_ext_of(c);
-  if (x->data_docs.mask != TSR_MASK_DOCUMENT) return TSR_OK;
   char where[TSR_MAX_PATH + 160], path[TSR_TRAIN_PATH_LEN], index[TSR_TRAIN_PATH_LEN + 8];
-  if (x->eval.source[0])
-    return TSR_ERROR(TSR_EINVAL,
-                     "%s: [eval] source with mask = document is not supported yet; evaluate with "
-                     "mask = causal or leave [eval] source empty",
-                     tsr_config_where(c, "data", "mask", where, sizeof where));
-  const char *colon = strchr(c->data.source, ':');
-  if (x->data_docs.index[0]) {
+  const char *colon = strchr(source, ':');
+  if (!strcmp(section, "data") && x->data_docs.index[0]) {
     tsr_train_path(c, x->data_docs.index, index, sizeof index);
   } else {
-    tsr_train_path(c, colon ? colon + 1 : c->data.source, path, sizeof path);
+    tsr_train_path(c, colon ? colon + 1 : source, path, sizeof path);
     snprintf(index, sizeof index, "%s.idx", path);
   }
   tsr_status st = tsr_data_use_documents(data, index);
   if (st != TSR_OK)
-    return tsr_error_prefix(st, "%s", tsr_config_where(c, "data", "mask", where, sizeof where));
+    return tsr_error_prefix(st, "%s%s", tsr_config_where(c, "data", "mask", where, sizeof where),
+                            strcmp(section, "data") ? ", for [eval] source" : "");
+  return TSR_OK;
+}
+
+tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data) {
+  const tsr_config *c = t->job->cfg;
+  if (tsr_config_ext_of(c)->data_docs.mask != TSR_MASK_DOCUMENT) return TSR_OK;
+  TSR_CHECK(use_index(c, data, "data", c->data.source));
   size_t n = (size_t)(c->data.batch_size * c->data.seq_len);
   t->docs = calloc(1, sizeof *t->docs);
   if (t->docs) {
@@ -40,6 +44,12 @@ tsr_status tsr_train_docs_open(tsr_train_rank *t, tsr_data_t *data) {
   if (!t->docs || !t->docs->seg || !t->docs->pos)
     return TSR_ERROR(TSR_ENOMEM, "out of memory for the documents of a batch");
   return TSR_OK;
+}
+
+tsr_status tsr_train_docs_open_eval(tsr_train_rank *t, tsr_data_t *data) {
+  const tsr_config *c = t->job->cfg;
+  if (tsr_config_ext_of(c)->data_docs.mask != TSR_MASK_DOCUMENT) return TSR_OK;
+  return use_index(c, data, "eval", tsr_config_ext_of(c)->eval.source);
 }
 
 tsr_status tsr_train_docs_fetch(tsr_train_rank *t, const tsr_data_t *data) {

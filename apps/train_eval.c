@@ -63,6 +63,7 @@ tsr_status tsr_train_eval_open(tsr_train_rank *t, tsr_train_eval *ev) {
                                 (int)c->data.seq_len, (uint64_t)c->job.seed, &ev->data);
   if (st != TSR_OK)
     return tsr_error_prefix(st, "%s", tsr_config_where(c, "eval", "source", where, sizeof where));
+  TSR_CHECK(tsr_train_docs_open_eval(t, ev->data)); /* [data] mask = document */
   st = tsr_tape_new(t->r, &ev->tape);
   if (st != TSR_OK) return st;
   tsr_tape_set_recording(ev->tape, false);
@@ -86,7 +87,7 @@ static tsr_status forward_batch(tsr_train_rank *t, tsr_tape_t *tape, const int32
   const tsr_config *c = t->job->cfg;
   int64_t accum = c->optimizer.grad_accum_steps;
   int64_t rows = c->data.batch_size / accum, seq = c->data.seq_len;
-  tsr_var *x = NULL, *y = NULL;
+  tsr_var *x = NULL, *y = NULL, *dseg = NULL, *dpos = NULL; /* dseg, dpos: mask = document */
   tsr_tensor *full = NULL;
   tsr_status st = TSR_OK;
   int counted = 0;
@@ -95,6 +96,7 @@ static tsr_status forward_batch(tsr_train_rank *t, tsr_tape_t *tape, const int32
     tsr_var *logits = NULL, *l = NULL;
     TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, ids + k * rows * seq, &x), st);
     TSR_CHECK_GOTO(tsr_llama_batch(t->r, t->job->mesh, rows, seq, labels + k * rows * seq, &y), st);
+    TSR_CHECK_GOTO(tsr_train_docs_begin(t, k, &dseg, &dpos), st);
     TSR_CHECK_GOTO(tsr_llama_forward(t->model, tape, x, y, &logits, &l), st);
     TSR_CHECK_GOTO(tsr_dtensor_full_tensor(t->r, l->value, &full), st);
     /* a microbatch whose labels are all ignored has no loss: it weighs nothing */
@@ -108,6 +110,8 @@ static tsr_status forward_batch(tsr_train_rank *t, tsr_tape_t *tape, const int32
     tsr_var_free(x);
     tsr_var_free(y);
     x = y = NULL;
+    tsr_train_docs_end(t, dseg, dpos);
+    dseg = dpos = NULL;
   }
   *loss = counted ? *loss / counted : NAN;
 cleanup:
@@ -115,6 +119,7 @@ cleanup:
   tsr_tape_reset(tape);
   tsr_var_free(x);
   tsr_var_free(y);
+  tsr_train_docs_end(t, dseg, dpos);
   return st;
 }
 
@@ -129,6 +134,7 @@ tsr_status tsr_train_eval_run(tsr_train_rank *t, tsr_train_eval *ev, int64_t ste
     /* the same batches every time, so that evaluations compare */
     tsr_data_set_step(ev->data, ev->first + b);
     TSR_CHECK(tsr_data_next(ev->data, ids, labels));
+    TSR_CHECK(tsr_train_docs_fetch(t, ev->data));
     if (!tsr_train_any_label(labels, c->data.batch_size * c->data.seq_len)) continue;
     if (t->pipe)
       TSR_CHECK(tsr_train_pipe_forward_backward(t, step, ids, labels, false, NULL, &loss));

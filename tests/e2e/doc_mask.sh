@@ -7,9 +7,10 @@
 #           document-masked step (tessera compare at rtol = atol = 1e-4), and the 1-rank step
 #           itself differs from the causal one (so the comparison sees the mask); ring, Ulysses
 #           and tp 4 on the emulated device equal their CPU runs bit for bit, and activation
-#           checkpointing leaves the step unchanged bit for bit (1 rank, zero-bubble pp)
+#           checkpointing leaves the step unchanged bit for bit (1 rank, zero-bubble pp); the
+#           [eval] loss on documents is the same on 1 rank and dp x ring_cp, and not the causal one
 #   errors  mask = document without an index, on a text: / synthetic source, with an index that
-#           does not pair with the token file, with [eval], and under a
+#           does not pair with the token file, and under a
 #           plugin whose attention rule predates document masking (TESSERA_PLUGIN_PATH must
 #           hold tests/plugins' oldattn): exit != 0, the file and key or the plugin named
 set -u
@@ -110,6 +111,21 @@ MESHES
     "$bin" compare "ac_$1_full.st" "ac_$1.st" --rtol 0 --atol 0 >"ac_$1.cmp" 2>&1 ||
       die "activation checkpointing changes the document-masked step on $1 = $2: $(tail -2 "ac_$1.cmp")"
   done
+  # [eval] on packed documents reads the index of its own source: the same loss on every mesh
+  for m in "dp 1 dp" "dp,ring_cp 2,2 dp,cp_ring"; do
+    # shellcheck disable=SC2086 # three words: dims, shape, plugins
+    set -- $m
+    "$bin" run job.ini --no-peak --set "mesh.dims=$1" --set "mesh.shape=$2" --set "plugins.load=$3" \
+      --set eval.source=tokens:docs.bin --set eval.batches=2 >"eval_$3.log" 2>&1 ||
+      die "eval on $1 = $2: $(tail -2 "eval_$3.log")"
+    grep '^eval ' "eval_$3.log" | sed 's/(.*//' >"eval_$3.txt"
+  done
+  [ -s eval_dp.txt ] && cmp -s eval_dp.txt eval_dp,cp_ring.txt ||
+    die "the document-masked evaluation differs: $(cat eval_dp.txt) / $(cat eval_dp,cp_ring.txt)"
+  "$bin" run job.ini --no-peak --set eval.source=tokens:docs.bin --set eval.batches=2 \
+    --set data.mask=causal >eval_causal.log 2>&1 || die "causal eval: $(tail -2 eval_causal.log)"
+  grep '^eval ' eval_causal.log | sed 's/(.*//' | cmp -s - eval_dp.txt &&
+    die "the evaluation does not see the mask: $(cat eval_dp.txt)"
   echo "doc_mask mesh: $n meshes equal the 1-rank document-masked step, and on emu bit for bit"
 
 }
@@ -126,18 +142,19 @@ refused() {
 }
 
 errors() {
+  head -n 20 "$text" >short.txt
+  "$bin" tokenize "$tok" -o short.bin short.txt --no-progress >/dev/null 2>&1 || die "short"
   mv docs.bin.idx kept.idx
   refused 2 "job.ini:21: \[data\] mask: the document index of docs.bin: .*docs.bin.idx: cannot open"
   mv kept.idx docs.bin.idx
+  cp short.bin noidx.bin
+  refused 2 "job.ini:21: \\[data\\] mask, for \\[eval\\] source: the document index of .*noidx.bin" \
+    --set eval.source=tokens:noidx.bin
   refused 2 "job.ini:21: \[data\] mask: .*text:.*has no documents" --set "data.source=text:$text"
   refused 2 "job.ini:21: \[data\] mask: .*synthetic has no documents" --set data.source=synthetic
   # an index that is not the token file's
-  head -n 20 "$text" >short.txt
-  "$bin" tokenize "$tok" -o short.bin short.txt --no-progress >/dev/null 2>&1 || die "short"
   refused 2 "token file docs.bin: .* its index short.bin.idx says .* not a pair" \
     --set data.index=short.bin.idx
-  refused 2 "\[data\] mask: \[eval\] source with mask = document" \
-    --set eval.source=tokens:docs.bin
   # a plugin whose attention rule predates document masking (tests/plugins/oldattn.c, on
   # TESSERA_PLUGIN_PATH): refused by name, before its rule could attend across documents
   refused 1 "plugin 'oldattn' runs attention on mesh dim 'oldcp' (rule 'oldattn.sdpa') but has no rule for document-masked attention" \
