@@ -295,6 +295,70 @@ static void test_safetensors_rows(void **state) {
   tsr_tensor_free(t4);
 }
 
+/* [data] mask = document: each row's segment ids and positions from the document index, an
+ * independent recount from the document lengths, and the labels that would cross a document end
+ * ignored. Token i of the file is id i, so a row's first id is where it starts. */
+static void test_documents(void **state) {
+  fixture *f = *state;
+  enum { NTOK = 40, NDOC = 7 };
+  static const int len[NDOC] = {3, 9, 1, 5, 8, 2, 12};
+  unsigned char tok[2 * NTOK], idx[64 + 8 * (NDOC + 1)] = {0};
+  for (int i = 0; i < NTOK; i++) tok[2 * i] = (unsigned char)i, tok[2 * i + 1] = 0;
+  memcpy(idx, "TSRDOCS1", 8);
+  idx[8] = 1, idx[12] = 2, idx[16] = NDOC, idx[24] = NTOK;
+  memset(idx + 40, 0xff, 4); /* eos -1 */
+  int doc_of[NTOK], start_of[NTOK];
+  for (int d = 0, at = 0; d < NDOC; at += len[d], d++) {
+    for (int i = at; i < at + len[d]; i++) doc_of[i] = d, start_of[i] = at;
+    idx[64 + 8 * (d + 1)] = (unsigned char)(at + len[d]);
+  }
+  const char *src = source_for(f, "tokens", "docs.bin");
+  io_write_file(f->path, tok, sizeof tok);
+  char index[160];
+  snprintf(index, sizeof index, "%s.idx", f->path);
+  io_write_file(index, idx, sizeof idx);
+  tsr_data_t *d;
+  assert_int_equal(tsr_data_open(src, 64, B, L, 3, &d), TSR_OK);
+  int32_t ids[B * L], lab[B * L], seg[B * L], pos[B * L];
+  assert_int_equal(tsr_data_documents(d, seg, pos), TSR_EINVAL); /* no index read yet */
+  assert_int_equal(tsr_data_use_documents(d, index), TSR_OK);
+  assert_int_equal(tsr_data_documents(d, seg, pos), TSR_EINVAL); /* no batch yet */
+  int crossings = 0;
+  for (int step = 0; step < 25; step++) {
+    assert_int_equal(tsr_data_next(d, ids, lab), TSR_OK);
+    assert_int_equal(tsr_data_documents(d, seg, pos), TSR_OK);
+    for (int b = 0; b < B; b++) {
+      int p0 = ids[b * L];
+      for (int i = 0; i < L; i++) {
+        int t = p0 + i, k = b * L + i;
+        assert_int_equal(ids[k], t);
+        assert_int_equal(seg[k], doc_of[t] - doc_of[p0]);
+        assert_int_equal(pos[k], t - (start_of[t] > p0 ? start_of[t] : p0));
+        bool ends = t + 1 < NTOK && doc_of[t + 1] != doc_of[t];
+        assert_int_equal(lab[k], ends ? -100 : t + 1);
+        crossings += ends;
+      }
+    }
+  }
+  assert_true(crossings > 10);
+  tsr_data_close(d);
+  /* the wrong width, another kind of source, a missing index */
+  /* as u32 the same bytes are 20 ids up to 40 * 65536 */
+  assert_int_equal(tsr_data_open(source_for(f, "tokens32", "docs.bin"), 1 << 24, B, 4, 3, &d),
+                   TSR_OK);
+  assert_int_equal(tsr_data_use_documents(d, index), TSR_EINVAL);
+  assert_error_has("2-byte tokens but the source");
+  tsr_data_close(d);
+  assert_int_equal(tsr_data_open("synthetic", 64, B, L, 3, &d), TSR_OK);
+  assert_int_equal(tsr_data_use_documents(d, index), TSR_EINVAL);
+  assert_error_has("synthetic has no documents");
+  tsr_data_close(d);
+  assert_int_equal(tsr_data_open(source_for(f, "tokens", "docs.bin"), 64, B, L, 3, &d), TSR_OK);
+  assert_int_equal(tsr_data_use_documents(d, "/nonexistent/x.idx"), TSR_EIO);
+  assert_error_has("x.idx: cannot open");
+  tsr_data_close(d);
+}
+
 static void test_bad_sources(void **state) {
   expect_open_fails("random", 100, L, "unknown data source 'random'");
   expect_open_fails("text:", 300, L, "no path");
@@ -313,6 +377,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_text, setup, teardown),
       cmocka_unit_test_setup_teardown(test_tokens, setup, teardown),
       cmocka_unit_test_setup_teardown(test_safetensors_rows, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_documents, setup, teardown),
       cmocka_unit_test(test_bad_sources),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
