@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "app.h"
+#include "ckpt_shard.h"
 #include "hf.h"
 #include "tessera/tokenizer.h"
 #include "train.h"
@@ -18,11 +20,13 @@ static const char export_usage[] =
     "loads (docs/hf.md): config.json from the job's [model] keys, the weights in safetensors\n"
     "(one model.safetensors, or shards and model.safetensors.index.json), generation_config.json\n"
     "when the token ids are known, and the tokenizer files given. The weights are those of\n"
-    "[checkpoint] save when that file exists, else of [checkpoint] load (a checkpoint file or a\n"
-    "Hugging Face folder).\n"
+    "[checkpoint] save when that file exists, else of [checkpoint] load (a checkpoint file, a\n"
+    "sharded checkpoint folder, latest: the newest in [checkpoint] dir, or a Hugging Face\n"
+    "folder).\n"
     "\n"
     "options:\n"
-    "  --checkpoint PATH    export these weights instead (a checkpoint file or a folder)\n"
+    "  --checkpoint PATH    export these weights instead (a checkpoint file, a sharded\n"
+    "                       checkpoint folder step-NNNNNN or a Hugging Face folder)\n"
     "  --dtype f32|bf16     the weights' dtype in the folder (default f32)\n"
     "  --shard-size SIZE    most bytes of tensors per file, e.g. 5GB (default), 500MB, 2MiB\n"
     "  --tokenizer FILE     copy FILE (tokenizer.json, tokenizer_config.json, ...) into DIR;\n"
@@ -149,6 +153,20 @@ int tsr_cmd_export(int argc, char **argv) {
                          mc.decoder_sparse_step);
   char weights[TSR_TRAIN_PATH_LEN];
   if (s == TSR_OK) s = tsr_hf_job_weights(cfg, checkpoint, weights, sizeof weights);
+  /* load = latest: the newest complete folder of [checkpoint] dir */
+  struct stat sb;
+  if (s == TSR_OK && !checkpoint && !strcmp(cfg->checkpoint.load, "latest") &&
+      stat(weights, &sb) != 0 && tsr_config_ext_of(cfg)->checkpoint.dir[0]) {
+    char ckdir[TSR_TRAIN_PATH_LEN];
+    int64_t step;
+    tsr_ckpt_latest(
+        tsr_train_path(cfg, tsr_config_ext_of(cfg)->checkpoint.dir, ckdir, sizeof ckdir), weights,
+        sizeof weights, &step);
+    if (!weights[0])
+      s = tsr_config_error(cfg, TSR_EINVAL, "checkpoint", "load",
+                           "latest: no complete checkpoint in %s to export; give --checkpoint PATH",
+                           ckdir);
+  }
   /* what the loaded folder says, and the tokenizer's ids, unless given */
   tsr_hf_config hc;
   bool have_hc =
@@ -199,8 +217,11 @@ int tsr_cmd_export(int argc, char **argv) {
     names[i] = specs[i].name;
     s = tsr_tensor_new(NULL, TSR_F32, specs[i].ndim, specs[i].shape, &ts[i]);
   }
-  if (s == TSR_OK) s = tsr_hf_weights_open(weights, &w);
-  if (s == TSR_OK) {
+  /* a sharded checkpoint folder: each tensor from the slices that hold it */
+  bool sharded = s == TSR_OK && tsr_ckpt_is_folder(weights);
+  if (sharded) s = tsr_hf_sharded_load(weights, n, names, ts);
+  if (s == TSR_OK && !sharded) s = tsr_hf_weights_open(weights, &w);
+  if (s == TSR_OK && !sharded) {
     const char *ignore[4];
     int nignore = 0;
     for (int i = 0; i < tsr_checkpoint_hf_buffers_count && nignore < 3; i++)

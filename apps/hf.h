@@ -89,6 +89,13 @@ typedef struct tsr_hf_tensor {
   int64_t shape[2];
 } tsr_hf_tensor;
 
+/* Fills the `n` full f32 tensors `ts` named as Hugging Face names them (tsr_hf_tensors) from
+ * the sharded checkpoint folder `folder` ([checkpoint] dir; apps/export_sharded.c), each from
+ * the slices that hold it, an MoE expert's from its box of the stacked experts. TSR_EINVAL
+ * naming the folder and the tensor when one is missing or of another shape. */
+tsr_status tsr_hf_sharded_load(const char *folder, int n, const char *const *names,
+                               tsr_tensor *const *ts);
+
 /* The tensors of a model of config `m` in the model's parameter order, the stacked experts as
  * Mixtral's per-expert tensors (as tsr_llama_hf_tensor names them). *out is malloc'd. */
 tsr_status tsr_hf_tensors(const tsr_llama_config *m, tsr_hf_tensor **out, int *n);

@@ -45,3 +45,11 @@ add_test(NAME e2e_ckpt_sharded_kill_async
           ${E2E_OUT}/ckpt_sharded_kill_async async)
 set_tests_properties(e2e_ckpt_sharded_kill_async PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "ckpt sharded kill: ok \\(and SIGTERM; async\\)")
+
+# tessera export of a sharded checkpoint folder (--checkpoint DIR/step-N, load = latest): the
+# same Hugging Face folder, byte for byte, as the export of the full-tensor file of that step,
+# under pp x dp x tp and with MoE experts over ep; another model's folder refused.
+add_test(NAME e2e_ckpt_export
+  COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/ckpt_export.sh ${TESSERA_BIN} ${CKPT_JOB}
+          ${E2E_OUT}/ckpt_export)
+set_tests_properties(e2e_ckpt_export PROPERTIES LABELS e2e PASS_REGULAR_EXPRESSION "ckpt export: ok")
