@@ -8,7 +8,8 @@
 #           itself differs from the causal one (so the comparison sees the mask); ring, Ulysses
 #           and tp 4 on the emulated device equal their CPU runs bit for bit, and activation
 #           checkpointing leaves the step unchanged bit for bit (1 rank, zero-bubble pp); the
-#           [eval] loss on documents is the same on 1 rank and dp x ring_cp, and not the causal one
+#           [eval] loss on documents is the same on 1 rank and dp x ring_cp, and not the causal one;
+#           MoE layers under ep x ring_cp equal their 1-rank run
 #   errors  mask = document without an index, on a text: / synthetic source, with an index that
 #           does not pair with the token file, and under a
 #           plugin whose attention rule predates document masking (TESSERA_PLUGIN_PATH must
@@ -111,6 +112,16 @@ MESHES
     "$bin" compare "ac_$1_full.st" "ac_$1.st" --rtol 0 --atol 0 >"ac_$1.cmp" 2>&1 ||
       die "activation checkpointing changes the document-masked step on $1 = $2: $(tail -2 "ac_$1.cmp")"
   done
+  # MoE layers with expert parallelism beside the ring: the router and experts see the same
+  # tokens whatever the mask; attention is the ring's with segment ids
+  moe="--set model.num_local_experts=4 --set model.num_experts_per_tok=2 --set model.decoder_sparse_step=2"
+  # shellcheck disable=SC2086 # moe is --set pairs
+  "$bin" run job.ini --no-peak $moe --dump moe_one.st >moe_one.log 2>&1 || die "moe: $(tail -2 moe_one.log)"
+  # shellcheck disable=SC2086 # moe is --set pairs
+  "$bin" run job.ini --no-peak $moe --set mesh.dims=ep,ring_cp --set mesh.shape=2,2 \
+    --set plugins.load=ep,cp_ring --dump moe_ep.st >moe_ep.log 2>&1 || die "moe ep: $(tail -2 moe_ep.log)"
+  "$bin" compare moe_ep.st moe_one.st --rtol 1e-4 --atol 1e-4 >moe.cmp 2>&1 ||
+    die "MoE under ep x ring_cp differs from its 1-rank run: $(tail -2 moe.cmp)"
   # [eval] on packed documents reads the index of its own source: the same loss on every mesh
   for m in "dp 1 dp" "dp,ring_cp 2,2 dp,cp_ring"; do
     # shellcheck disable=SC2086 # three words: dims, shape, plugins
