@@ -7,7 +7,8 @@
  * the same f32 inputs: linear is x·Wᵀ; rmsnorm normalises by (mean x² + eps)^(-1/2) and then
  * applies the weight; rope rotates the two halves of each head by the angles of theta^(-2i/D)
  * at each row's position; sdpa is softmax(q·kᵀ/√D) v with query head h reading kv head
- * h / (Hq / Hkv), causal by position; cross_entropy is the mean over the labels that are not
+ * h / (Hq / Hkv), causal by position (rope_doc and sdpa_doc: at per-token positions, and within
+ * each segment); cross_entropy is the mean over the labels that are not
  * the ignore index; swiglu is silu(gate)·up. The mixture-of-experts ops are conform_moe.c's.
  */
 #include <math.h>
@@ -81,15 +82,17 @@ static void rmsnorm(cf_ref64 *r, const double *x, const double *w, const double 
   }
 }
 
+/* pos (B, L): rope_doc's per-token positions; NULL: the row's index (rope). */
 static void rope(cf_ref64 *r, const double *x, const double *g, int64_t B, int64_t L, int64_t H,
-                 int64_t D, double theta) {
+                 int64_t D, double theta, const double *pos) {
   int64_t half = D / 2;
   for (int64_t b = 0; b < B; b++)
     for (int64_t l = 0; l < L; l++)
       for (int64_t h = 0; h < H; h++) {
         int64_t off = ((b * L + l) * H + h) * D;
         for (int64_t i = 0; i < half; i++) {
-          double a = (double)l * pow(theta, -(double)(2 * i) / (double)D);
+          double at = pos ? pos[b * L + l] : (double)l;
+          double a = at * pow(theta, -(double)(2 * i) / (double)D);
           double c = cos(a), s = sin(a);
           double x1 = x[off + i], x2 = x[off + i + half];
           double g1 = g[off + i], g2 = g[off + i + half];
@@ -101,9 +104,10 @@ static void rope(cf_ref64 *r, const double *x, const double *g, int64_t B, int64
       }
 }
 
+/* seg (B, L): sdpa_doc's segment ids, a query seeing only keys of its own; NULL: sdpa. */
 static void sdpa(cf_ref64 *r, const double *q, const double *k, const double *v, const double *g,
-                 int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D, bool causal, double *p,
-                 double *dp) {
+                 int64_t B, int64_t L, int64_t Hq, int64_t Hkv, int64_t D, bool causal,
+                 const double *seg, double *p, double *dp) {
   double scale = 1.0 / sqrt((double)D);
   int64_t group = Hq / Hkv;
   double *dq = r->grads[0], *dk = r->grads[1], *dv = r->grads[2];
@@ -116,7 +120,7 @@ static void sdpa(cf_ref64 *r, const double *q, const double *k, const double *v,
         double m = -INFINITY, sum = 0;
         for (int64_t j = 0; j < L; j++) {
           double s = -INFINITY;
-          if (!causal || j <= i) {
+          if ((!causal || j <= i) && (!seg || seg[b * L + i] == seg[b * L + j])) {
             s = 0;
             for (int64_t d = 0; d < D; d++) s += Q(i)[d] * KV(k, j)[d];
             s *= scale;
@@ -218,8 +222,11 @@ tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, const cf
   } else if (!strcmp(op, TSR_OP_RMSNORM)) {
     rmsnorm(r, x[0], x[1], g, rows, a->shape[a->ndim - 1], 1e-5);
   } else if (!strcmp(op, TSR_OP_ROPE)) {
-    rope(r, x[0], g, a->shape[0], a->shape[1], a->shape[2], a->shape[3], 10000.0);
-  } else if (!strcmp(op, TSR_OP_SDPA)) {
+    rope(r, x[0], g, a->shape[0], a->shape[1], a->shape[2], a->shape[3], 10000.0, NULL);
+  } else if (!strcmp(op, TSR_OP_ROPE_DOC)) {
+    rope(r, x[0], g, a->shape[0], a->shape[1], a->shape[2], a->shape[3], 10000.0, x[1]);
+  } else if (!strcmp(op, TSR_OP_SDPA) || !strcmp(op, TSR_OP_SDPA_DOC)) {
+    bool doc = !strcmp(op, TSR_OP_SDPA_DOC);
     int64_t L = a->shape[1];
     scratch = dalloc(2 * L);
     if (!scratch) {
@@ -227,7 +234,7 @@ tsr_status cf_ref64_run(const char *op, tsr_tensor *const *in, int nin, const cf
       goto done;
     }
     sdpa(r, x[0], x[1], x[2], g, a->shape[0], L, a->shape[2], in[1]->shape[2], a->shape[3],
-         attrs->causal, scratch, scratch + L);
+         doc || attrs->causal, doc ? x[3] : NULL, scratch, scratch + L);
   } else if (!strcmp(op, TSR_OP_ADD)) {
     for (int64_t i = 0; i < r->nout; i++) {
       r->out[i] = x[0][i] + x[1][i];

@@ -45,7 +45,7 @@ typedef struct l2_shape {
  * (4n experts), and it again with top_k = 1 and the last rank's n experts (on 1 rank the last
  * expert) chosen by no token. */
 static bool l2_shapes(const char *op, int n, int sv, l2_shape *s) {
-  bool attn = !strcmp(op, TSR_OP_SDPA);
+  bool attn = !strcmp(op, TSR_OP_SDPA), doc = !strcmp(op, TSR_OP_SDPA_DOC);
   if (cf_moe_op(op)) {
     if (sv > 3) return false;
     cf_moe_shape m = {7, 7, 7, 11, 13, 2, 0};
@@ -59,7 +59,8 @@ static bool l2_shapes(const char *op, int n, int sv, l2_shape *s) {
     *s = (l2_shape){7, 7, 7, 11, 13, 7, 7, 4, true, {0}};
     return true;
   }
-  if (sv > (attn ? 3 : 1)) return false;
+  /* sdpa_doc is causal always: no non-causal variant */
+  if (sv > (attn ? 3 : doc ? 2 : 1)) return false;
   *s = (l2_shape){2 * n, 4 * n, 4 * n, 4 * n, 4 * n, 2 * n, n, 4, true, {0}};
   if (sv == 2) s->HKV = 1;
   if (sv == 3) s->causal = false;
@@ -84,6 +85,20 @@ static tsr_status ids_tensor(int64_t B, int64_t L, int64_t V, bool labels, tsr_t
   int32_t *p = tsr_tensor_data(*out);
   for (int64_t i = 0; i < B * L; i++)
     p[i] = labels && i % 5 == 2 ? -100 : (int32_t)((i * 7 + (labels ? 3 : 1)) % V);
+  return TSR_OK;
+}
+
+/* Packed documents of 1 to 4 tokens, shifted per row: each token's position in its document
+ * (`positions`) or its document's number in the row. */
+static tsr_status doc_tensor(int64_t B, int64_t L, bool positions, tsr_tensor **out) {
+  int64_t shape[2] = {B, L};
+  TSR_CHECK(tsr_tensor_new(NULL, TSR_I32, 2, shape, out));
+  int32_t *p = tsr_tensor_data(*out);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t l = 0, doc = 0, at = 0, len = 1 + b % 4; l < L; l++, at++) {
+      if (at == len) doc++, at = 0, len = 1 + (b + doc) % 4;
+      p[b * L + l] = (int32_t)(positions ? at : doc);
+    }
   return TSR_OK;
 }
 
@@ -117,6 +132,18 @@ static tsr_status op_inputs(const char *op, const l2_shape *s, tsr_tensor **in, 
     TSR_CHECK(cf_rand_tensor(4, kv, 8, &in[1]));
     return cf_rand_tensor(4, kv, 9, &in[2]);
   }
+  if (!strcmp(op, TSR_OP_ROPE_DOC)) {
+    *nin = 2;
+    TSR_CHECK(cf_rand_tensor(4, q, 6, &in[0]));
+    return doc_tensor(s->B, s->L, true, &in[1]);
+  }
+  if (!strcmp(op, TSR_OP_SDPA_DOC)) {
+    *nin = 4;
+    TSR_CHECK(cf_rand_tensor(4, q, 7, &in[0]));
+    TSR_CHECK(cf_rand_tensor(4, kv, 8, &in[1]));
+    TSR_CHECK(cf_rand_tensor(4, kv, 9, &in[2]));
+    return doc_tensor(s->B, s->L, false, &in[3]);
+  }
   if (!strcmp(op, TSR_OP_ADD) || !strcmp(op, TSR_OP_SWIGLU)) {
     *nin = 2;
     TSR_CHECK(cf_rand_tensor(3, x3, 10, &in[0]));
@@ -135,7 +162,8 @@ static tsr_status op_inputs(const char *op, const l2_shape *s, tsr_tensor **in, 
 static const char *const generated_ops[] = {
     TSR_OP_EMBEDDING,  TSR_OP_RMSNORM,     TSR_OP_LINEAR,       TSR_OP_ROPE,
     TSR_OP_SDPA,       TSR_OP_ADD,         TSR_OP_SWIGLU,       TSR_OP_CROSS_ENTROPY,
-    TSR_OP_MOE_ROUTER, TSR_OP_MOE_EXPERTS, TSR_OP_MOE_AUX_LOSS,
+    TSR_OP_MOE_ROUTER, TSR_OP_MOE_EXPERTS, TSR_OP_MOE_AUX_LOSS, TSR_OP_ROPE_DOC,
+    TSR_OP_SDPA_DOC,
 };
 
 /* True for an op of the vocabulary that the suite has a generator for. */
@@ -165,6 +193,8 @@ static tsr_status run_op(tsr_tape_t *t, const char *op, const l2_shape *s, tsr_v
   if (!strcmp(op, TSR_OP_RMSNORM)) return tsr_op_rmsnorm(t, v[0], v[1], 1e-5f, out);
   if (!strcmp(op, TSR_OP_ROPE)) return tsr_op_rope(t, v[0], 10000.0f, out);
   if (!strcmp(op, TSR_OP_SDPA)) return tsr_op_sdpa(t, v[0], v[1], v[2], s->causal, out);
+  if (!strcmp(op, TSR_OP_ROPE_DOC)) return tsr_op_rope_doc(t, v[0], v[1], 10000.0f, out);
+  if (!strcmp(op, TSR_OP_SDPA_DOC)) return tsr_op_sdpa_doc(t, v[0], v[1], v[2], v[3], out);
   if (!strcmp(op, TSR_OP_ADD)) return tsr_op_add(t, v[0], v[1], out);
   if (!strcmp(op, TSR_OP_SWIGLU)) return tsr_op_swiglu(t, v[0], v[1], out);
   if (!strcmp(op, TSR_OP_CROSS_ENTROPY)) return tsr_op_cross_entropy(t, v[0], v[1], out);
