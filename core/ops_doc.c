@@ -144,14 +144,6 @@ static void doc_saved_free(void *p) {
   free(s);
 }
 
-typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
-                                     const int32_t *, const int32_t *, const int32_t *,
-                                     const int32_t *, int, int, int, int, int, int, bool);
-typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
-                                      const float *, const float *, const float *, const float *,
-                                      const int32_t *, const int32_t *, const int32_t *,
-                                      const int32_t *, int, int, int, int, int, int, bool);
-
 /* The kernel `name` of x's device, or an error naming the device. */
 static tsr_status seg_kernel(const tsr_dtensor *x, const char *name, tsr_kernel_fn *out) {
   const tsr_kernel_table *k = tsr_op_kernels(x);
@@ -180,10 +172,10 @@ static tsr_status sdpa_doc_backward(tsr_tape_t *t, tsr_var *const *in, int nin, 
   if (st == TSR_OK && g->local) st = seg_kernel(g, "attention_backward_seg_blhd", &fn);
   if (st == TSR_OK && g->local) {
     const int32_t *seg = data(in[3]->value->local);
-    st = ((seg_backward_fn)fn)(fdata(grads[0]), fdata(grads[1]), fdata(grads[2]), fdata(g),
-                               fdata(in[0]->value), fdata(in[1]->value), fdata(in[2]->value),
-                               data(s->out), data(s->lse), data(s->q_pos), data(s->k_pos), seg, seg,
-                               s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, true);
+    st = ((tsr_kernel_attention_backward_seg_fn)fn)(
+        fdata(grads[0]), fdata(grads[1]), fdata(grads[2]), fdata(g), fdata(in[0]->value),
+        fdata(in[1]->value), fdata(in[2]->value), data(s->out), data(s->lse), data(s->q_pos),
+        data(s->k_pos), seg, seg, s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, true);
   }
   tsr_dtensor_free(owned);
   for (int i = 0; i < 3; i++) {
@@ -269,9 +261,9 @@ static tsr_status sdpa_doc_forward(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_va
     const tsr_tensor *o = (*out)->value->local;
     const int32_t *sg = data(in[3]->value->local);
     if (st == TSR_OK)
-      st = ((seg_forward_fn)fn)(data(o), data(s->lse), fdata(q->value), fdata(k->value),
-                                fdata(v->value), data(s->q_pos), data(s->k_pos), sg, sg, s->B,
-                                s->Hq, s->Hkv, s->L, s->Lk, s->D, true);
+      st = ((tsr_kernel_attention_forward_seg_fn)fn)(
+          data(o), data(s->lse), fdata(q->value), fdata(k->value), fdata(v->value), data(s->q_pos),
+          data(s->k_pos), sg, sg, s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, true);
     /* a copy: the output var may be released before this node's backward runs */
     if (st == TSR_OK) st = tsr_tensor_to(o, alloc, &s->out);
   }

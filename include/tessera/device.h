@@ -253,6 +253,13 @@ typedef struct tsr_kernel_table {
 
 #undef TSR_KERNEL_MEMBER_
 
+/* The type of each TSR_KERNEL_LOOKUP_LIST entry, to cast tsr_kernel_lookup's answer to:
+ * tsr_kernel_attention_forward_seg_fn and so on. */
+#define TSR_KERNEL_LOOKUP_TYPE_(name, kind, ret, params, args)                                     \
+  typedef ret(*tsr_kernel_##name##_fn) params;
+TSR_KERNEL_LOOKUP_LIST(TSR_KERNEL_LOOKUP_TYPE_)
+#undef TSR_KERNEL_LOOKUP_TYPE_
+
 /* An entry as tsr_kernel_lookup returns it; cast it to the entry's own type to call it. */
 typedef void (*tsr_kernel_fn)(void);
 

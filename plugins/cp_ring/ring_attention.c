@@ -37,14 +37,6 @@ typedef struct ring_saved {
   tsr_kernel_fn seg_fwd, seg_bwd; /* the kernels with segment ids, with seg */
 } ring_saved;
 
-typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
-                                     const int32_t *, const int32_t *, const int32_t *,
-                                     const int32_t *, int, int, int, int, int, int, bool);
-typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
-                                      const float *, const float *, const float *, const float *,
-                                      const int32_t *, const int32_t *, const int32_t *,
-                                      const int32_t *, int, int, int, int, int, int, bool);
-
 void ring_sdpa_saved_free(void *p) {
   ring_saved *s = p;
   if (!s) return;
@@ -219,10 +211,10 @@ tsr_status ring_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor 
   for (int step = 0; step < s->n; step++) {
     int j = (s->me + s->n - step) % s->n;
     if (s->visible[j] && s->seg) {
-      TSR_CHECK_GOTO(((seg_forward_fn)s->seg_fwd)(bout, blse, sq, cur, cur + nk, qpos,
-                                                  kpos + (size_t)j * s->Lk, seg_of(s, s->me),
-                                                  seg_of(s, j), s->B, s->Hq, s->Hkv, s->Lq, s->Lk,
-                                                  s->D, s->causal),
+      TSR_CHECK_GOTO(((tsr_kernel_attention_forward_seg_fn)s->seg_fwd)(
+                         bout, blse, sq, cur, cur + nk, qpos, kpos + (size_t)j * s->Lk,
+                         seg_of(s, s->me), seg_of(s, j), s->B, s->Hq, s->Hkv, s->Lq, s->Lk, s->D,
+                         s->causal),
                      st);
       kt->attention_merge(sout, slse, sout, slse, bout, blse, (int)rows, s->D);
     } else if (s->visible[j]) {
@@ -276,7 +268,7 @@ tsr_status ring_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor
   for (int step = 0; step < s->n; step++) {
     int j = (s->me + s->n - step) % s->n;
     if (s->visible[j] && s->seg)
-      TSR_CHECK_GOTO(((seg_backward_fn)s->seg_bwd)(
+      TSR_CHECK_GOTO(((tsr_kernel_attention_backward_seg_fn)s->seg_bwd)(
                          dq, cur + 2 * nk, cur + 3 * nk, dout, sq, cur, cur + nk, sout, slse, qpos,
                          kpos + (size_t)j * s->Lk, seg_of(s, s->me), seg_of(s, j), s->B, s->Hq,
                          s->Hkv, s->Lq, s->Lk, s->D, s->causal),

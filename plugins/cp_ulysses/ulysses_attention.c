@@ -27,14 +27,6 @@
 
 /* Attention computed here when no other dim communicates: whole sequence, local heads. The
  * buffers live beside q (host memory for a host q, q's device otherwise). */
-typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
-                                     const int32_t *, const int32_t *, const int32_t *,
-                                     const int32_t *, int, int, int, int, int, int, bool);
-typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
-                                      const float *, const float *, const float *, const float *,
-                                      const int32_t *, const int32_t *, const int32_t *,
-                                      const int32_t *, int, int, int, int, int, int, bool);
-
 typedef struct local_attn {
   int B, L, Hq, Hkv, D;
   tsr_tensor *q, *k, *v, *out, *lse; /* (B, H, L, D), lse (B, Hq, L) */
@@ -184,9 +176,9 @@ static tsr_status local_forward(tsr_rank_t *r, ulysses_saved *s, bool causal) {
     tsr_kernel_fn fn = tsr_kernel_lookup(kt, "attention_forward_seg");
     if (!fn) return TSR_ERROR(TSR_ENOTSUP, "ulysses_cp: no attention kernel with segment ids");
     const int32_t *sg = tsr_tensor_data(s->seg->local);
-    TSR_CHECK(((seg_forward_fn)fn)(data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v),
-                                   NULL, NULL, sg, sg, a->B, a->Hq, a->Hkv, a->L, a->L, a->D,
-                                   causal));
+    TSR_CHECK(((tsr_kernel_attention_forward_seg_fn)fn)(
+        data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v), NULL, NULL, sg, sg, a->B,
+        a->Hq, a->Hkv, a->L, a->L, a->D, causal));
   } else {
     TSR_CHECK(kt->attention_forward(data(a->out), data(a->lse), data(a->q), data(a->k), data(a->v),
                                     NULL, NULL, a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal));
@@ -213,9 +205,9 @@ static tsr_status local_backward(tsr_rank_t *r, const ulysses_saved *s, const ts
   if (s->seg) {
     tsr_kernel_fn fn = tsr_kernel_lookup(kt, "attention_backward_seg");
     const int32_t *sg = tsr_tensor_data(s->seg->local);
-    st = fn ? ((seg_backward_fn)fn)(dq, dk, dv, dout, data(a->q), data(a->k), data(a->v),
-                                    data(a->out), data(a->lse), NULL, NULL, sg, sg, a->B, a->Hq,
-                                    a->Hkv, a->L, a->L, a->D, causal)
+    st = fn ? ((tsr_kernel_attention_backward_seg_fn)fn)(
+                  dq, dk, dv, dout, data(a->q), data(a->k), data(a->v), data(a->out), data(a->lse),
+                  NULL, NULL, sg, sg, a->B, a->Hq, a->Hkv, a->L, a->L, a->D, causal)
             : TSR_ERROR(TSR_ENOTSUP, "ulysses_cp: no attention kernel with segment ids");
   } else {
     st = kt->attention_backward(dq, dk, dv, dout, data(a->q), data(a->k), data(a->v), data(a->out),

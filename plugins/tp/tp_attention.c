@@ -39,14 +39,6 @@ static float *data(const tsr_tensor *t) {
   return tsr_tensor_data(t);
 }
 
-typedef tsr_status (*seg_forward_fn)(float *, float *, const float *, const float *, const float *,
-                                     const int32_t *, const int32_t *, const int32_t *,
-                                     const int32_t *, int, int, int, int, int, int, bool);
-typedef tsr_status (*seg_backward_fn)(float *, float *, float *, const float *, const float *,
-                                      const float *, const float *, const float *, const float *,
-                                      const int32_t *, const int32_t *, const int32_t *,
-                                      const int32_t *, int, int, int, int, int, int, bool);
-
 /* sdpa_doc's segment ids and the kernel `name` that reads them; NULL ids for plain sdpa. */
 static tsr_status seg_kernel(int nin, const tsr_dtensor *const *in, const tsr_kernel_table *kt,
                              const char *name, const int32_t **seg, tsr_kernel_fn *fn) {
@@ -120,8 +112,9 @@ tsr_status tp_sdpa_forward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *c
   tsr_kernel_fn fn = NULL;
   TSR_CHECK(seg_kernel(nin, in, kt, "attention_forward_seg", &seg, &fn));
   if (seg)
-    TSR_CHECK(((seg_forward_fn)fn)(data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v),
-                                   NULL, NULL, seg, seg, s->B, hn, 1, s->L, s->L, s->D, s->causal));
+    TSR_CHECK(((tsr_kernel_attention_forward_seg_fn)fn)(
+        data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v), NULL, NULL, seg, seg, s->B,
+        hn, 1, s->L, s->L, s->D, s->causal));
   else
     TSR_CHECK(kt->attention_forward(data(s->out), data(s->lse), data(s->q), data(s->k), data(s->v),
                                     NULL, NULL, s->B, hn, 1, s->L, s->L, s->D, s->causal));
@@ -155,9 +148,9 @@ tsr_status tp_sdpa_backward(tsr_rank_t *r, int dim, int nin, const tsr_dtensor *
   tsr_kernel_fn fn = NULL;
   TSR_CHECK_GOTO(seg_kernel(nin, in, kt, "attention_backward_seg", &seg, &fn), st);
   if (seg)
-    st = ((seg_backward_fn)fn)(data(dq), data(dk), data(dv), data(dout), data(s->q), data(s->k),
-                               data(s->v), data(s->out), data(s->lse), NULL, NULL, seg, seg, s->B,
-                               s->Hq, 1, s->L, s->L, s->D, s->causal);
+    st = ((tsr_kernel_attention_backward_seg_fn)fn)(
+        data(dq), data(dk), data(dv), data(dout), data(s->q), data(s->k), data(s->v), data(s->out),
+        data(s->lse), NULL, NULL, seg, seg, s->B, s->Hq, 1, s->L, s->L, s->D, s->causal);
   else
     st = kt->attention_backward(data(dq), data(dk), data(dv), data(dout), data(s->q), data(s->k),
                                 data(s->v), data(s->out), data(s->lse), NULL, NULL, s->B, s->Hq, 1,
