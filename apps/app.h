@@ -34,6 +34,10 @@ void tsr_app_job_close(tsr_app_job *job);
  * output is the same file (device and inode) as an input, except a checkpoint saved over the one
  * loaded, and no two outputs share a path. TSR_EINVAL naming the key, its line and the fix. */
 tsr_status tsr_app_check_files(const tsr_config *c);
+/* An output folder of [section] key (made when absent): an existing one must be a directory, and
+ * writable when `writable`; an absent one needs an existing parent. TSR_EINVAL naming the key. */
+tsr_status tsr_app_check_out_folder(const tsr_config *c, const char *section, const char *key,
+                                    const char *path, bool writable);
 /* Prints the mesh (rank -> coordinates), dim owners, plugins and registry contents. */
 void tsr_app_print_plan(const tsr_app_job *job, FILE *f);
 

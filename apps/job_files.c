@@ -125,6 +125,40 @@ static void add(const tsr_config *c, job_file *files, int *n, const char *sectio
     tsr_train_path(c, value, f->path, sizeof f->path);
 }
 
+tsr_status tsr_app_check_out_folder(const tsr_config *c, const char *section, const char *key,
+                                    const char *path, bool writable) {
+  char parent[TSR_TRAIN_PATH_LEN];
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    if (!S_ISDIR(sb.st_mode))
+      return tsr_config_error(c, TSR_EINVAL, section, key,
+                              "%s is not a directory; give a folder (it is made when absent)",
+                              path);
+    if (writable && access(path, W_OK | X_OK) != 0)
+      return tsr_config_error(c, TSR_EINVAL, section, key,
+                              "%s is not writable (%s); pick another folder", path,
+                              strerror(errno));
+    return TSR_OK;
+  }
+  if (snprintf(parent, sizeof parent, "%s", path) >= (int)sizeof parent)
+    return tsr_config_error(c, TSR_EINVAL, section, key, "%s is too long; use a shorter path",
+                            path);
+  size_t n = strlen(parent);
+  while (n > 1 && parent[n - 1] == '/') parent[--n] = '\0';
+  char *slash = strrchr(parent, '/');
+  if (!slash)
+    snprintf(parent, sizeof parent, ".");
+  else if (slash == parent)
+    parent[1] = '\0';
+  else
+    *slash = '\0';
+  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
+    return tsr_config_error(c, TSR_EINVAL, section, key,
+                            "%s: its parent %s is not an existing directory; create it first", path,
+                            parent);
+  return TSR_OK;
+}
+
 tsr_status tsr_app_check_files(const tsr_config *c) {
   job_file in[MAX_FILES], out[MAX_FILES];
   int nin = 0, nout = 0;

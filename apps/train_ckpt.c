@@ -49,35 +49,10 @@ tsr_status tsr_train_ckpt_check(const tsr_config *c) {
                             "true without [checkpoint] dir: async applies to the sharded saves "
                             "of dir; set dir, or remove async");
   if (!dir) return TSR_OK;
-  char path[TSR_TRAIN_PATH_LEN], parent[TSR_TRAIN_PATH_LEN];
+  char path[TSR_TRAIN_PATH_LEN];
   ckpt_dir(c, path, sizeof path);
-  struct stat sb;
-  if (stat(path, &sb) == 0) {
-    if (!S_ISDIR(sb.st_mode))
-      return tsr_config_error(c, TSR_EINVAL, "checkpoint", "dir",
-                              "%s is not a directory; give a folder (it is made when absent)",
-                              path);
-    if (c->job.mode == TSR_MODE_TRAIN && access(path, W_OK | X_OK) != 0)
-      return tsr_config_error(c, TSR_EINVAL, "checkpoint", "dir",
-                              "%s is not writable (%s); pick another folder", path,
-                              strerror(errno));
-    return TSR_OK;
-  }
-  snprintf(parent, sizeof parent, "%s", path);
-  size_t n = strlen(parent);
-  while (n > 1 && parent[n - 1] == '/') parent[--n] = '\0';
-  char *slash = strrchr(parent, '/');
-  if (!slash)
-    snprintf(parent, sizeof parent, ".");
-  else if (slash == parent)
-    parent[1] = '\0';
-  else
-    *slash = '\0';
-  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return tsr_config_error(c, TSR_EINVAL, "checkpoint", "dir",
-                            "%s: its parent %s is not an existing directory; create it first", path,
-                            parent);
-  return TSR_OK;
+  /* a forward job only reads dir (load = latest) */
+  return tsr_app_check_out_folder(c, "checkpoint", "dir", path, c->job.mode == TSR_MODE_TRAIN);
 }
 
 bool tsr_train_ckpt_wants_load(const tsr_config *c) {

@@ -153,35 +153,9 @@ void tsr_train_tboard_scalars(tsr_train_log *l, int64_t step, double wall_time, 
 tsr_status tsr_train_tboard_check(const tsr_config *c) {
   const char *value = tsr_config_ext_of(c)->output_tb.tensorboard;
   if (!value[0]) return TSR_OK;
-  char path[TSR_TRAIN_PATH_LEN], parent[TSR_TRAIN_PATH_LEN];
+  char path[TSR_TRAIN_PATH_LEN];
   tsr_train_path(c, value, path, sizeof path);
-  struct stat sb;
-  if (stat(path, &sb) == 0) {
-    if (!S_ISDIR(sb.st_mode))
-      return tsr_config_error(c, TSR_EINVAL, "output", "tensorboard",
-                              "%s is not a directory; give a folder (it is made when absent)",
-                              path);
-    if (access(path, W_OK | X_OK) != 0)
-      return tsr_config_error(c, TSR_EINVAL, "output", "tensorboard",
-                              "%s is not writable (%s); pick another folder", path,
-                              strerror(errno));
-    return TSR_OK;
-  }
-  snprintf(parent, sizeof parent, "%s", path);
-  size_t n = strlen(parent);
-  while (n > 1 && parent[n - 1] == '/') parent[--n] = '\0';
-  char *slash = strrchr(parent, '/');
-  if (!slash)
-    snprintf(parent, sizeof parent, ".");
-  else if (slash == parent)
-    parent[1] = '\0';
-  else
-    *slash = '\0';
-  if (stat(parent, &sb) != 0 || !S_ISDIR(sb.st_mode))
-    return tsr_config_error(c, TSR_EINVAL, "output", "tensorboard",
-                            "%s: its parent %s is not an existing directory; create it first", path,
-                            parent);
-  return TSR_OK;
+  return tsr_app_check_out_folder(c, "output", "tensorboard", path, true);
 }
 
 tsr_status tsr_train_tboard_open(tsr_train_log *l, const tsr_config *c) {
