@@ -49,6 +49,11 @@ int tsr_cmd_compare(int argc, char **argv);
 
 /* True when argv holds -h or --help. */
 bool tsr_app_wants_help(int argc, char **argv);
+/* A --set SECTION.KEY=VALUE of `tessera CMD` whose value is a path (or plugins.path's list),
+ * made absolute from the current directory, since the job file's own paths are relative to the
+ * job file; other keys copied. malloc'd; NULL, with the reason on stderr, when the current
+ * directory cannot be read: an override is never dropped or cut. */
+char *tsr_app_absolute_set(const char *cmd, const char *assignment);
 
 /* Crash reports (crash.c): from now on a fatal signal (SIGSEGV, SIGBUS, SIGFPE, SIGABRT, SIGILL)
  * in any thread prints "<prog>: rank R crashed (SIG...) in plugin P, <callback> <name> (<phase>),

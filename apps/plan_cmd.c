@@ -181,8 +181,18 @@ int tsr_cmd_plan(int argc, char **argv) {
   int nset = 0;
   const char *path = job_arg(argc, argv, plan_usage, &code, &force, sets, &nset);
   if (!path) return code;
+  /* paths in overrides are relative to the current directory, as for run */
+  char *abs[PLAN_MAX_SETS];
+  for (int i = 0; i < nset; i++) {
+    abs[i] = tsr_app_absolute_set("plan", sets[i]);
+    if (!abs[i]) {
+      for (int j = 0; j < i; j++) free(abs[j]);
+      return TSR_EXIT_BAD_INPUT;
+    }
+  }
   tsr_app_job job;
-  tsr_status st = tsr_app_job_open(path, nset, sets, &job);
+  tsr_status st = tsr_app_job_open(path, nset, (const char *const *)abs, &job);
+  for (int i = 0; i < nset; i++) free(abs[i]);
   if (st != TSR_OK) return tsr_app_exit_code(st);
   st = tsr_train_mem_check(&job, force, stdout);
   if (st == TSR_OK) st = tsr_train_act_check(&job);

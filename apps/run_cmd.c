@@ -52,106 +52,6 @@ static const char run_usage[] =
     "            2 bad input (file:line:key errors on stderr; bad checkpoint, data or options),\n"
     "            130, 143 stopped by SIGINT, SIGTERM\n";
 
-/* Keys whose values are paths, with the prefix before the path ("text:" for data sources). */
-static bool is_path_key(const char *assignment) {
-  static const char *const keys[] = {
-      "checkpoint.load=", "checkpoint.save=", "output.dump=", "output.trace=",
-      "output.metrics=",  "data.source=",     "eval.source=", "checkpoint.dir="};
-  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
-    if (!strncmp(assignment, keys[i], strlen(keys[i]))) return true;
-  return false;
-}
-
-/* The current directory, malloc'd, however long; NULL with errno set when it cannot be read. */
-static char *current_dir(void) {
-  for (size_t len = 256; len <= ((size_t)1 << 20); len *= 2) {
-    char *buf = malloc(len);
-    if (!buf) return NULL;
-    if (getcwd(buf, len)) return buf;
-    int err = errno;
-    free(buf);
-    if (err != ERANGE) {
-      errno = err;
-      return NULL;
-    }
-  }
-  errno = ENAMETOOLONG;
-  return NULL;
-}
-
-/* plugins.path=DIR[:DIR...] (':' or ',' between entries): each relative DIR taken from the
- * current directory, as for the other path keys, instead of from the job file's directory. */
-static char *absolute_dirs(const char *assignment) {
-  const char *val = assignment + 13;
-  char *cwd = current_dir();
-  if (!cwd) {
-    fprintf(stderr,
-            "tessera run: --set %s: cannot read the current directory to resolve relative "
-            "entries: %s; give absolute paths\n",
-            assignment, strerror(errno));
-    return NULL;
-  }
-  size_t entries = 1;
-  for (const char *p = val; *p; p++) entries += *p == ':' || *p == ',';
-  size_t len = strlen(assignment) + entries * (strlen(cwd) + 1) + 1;
-  char *out = malloc(len);
-  if (!out) {
-    free(cwd);
-    fprintf(stderr, "tessera run: out of memory\n");
-    return NULL;
-  }
-  size_t o = (size_t)snprintf(out, len, "plugins.path=");
-  for (const char *b = val;;) {
-    size_t n = strcspn(b, ":,");
-    const char *sep = b[n] ? (b[n] == ':' ? ":" : ",") : "";
-    if (n == 0 || b[0] == '/')
-      o += (size_t)snprintf(out + o, len - o, "%.*s%s", (int)n, b, sep);
-    else
-      o += (size_t)snprintf(out + o, len - o, "%s/%.*s%s", cwd, (int)n, b, sep);
-    if (!b[n]) break;
-    b += n + 1;
-  }
-  free(cwd);
-  return out;
-}
-
-/* A path typed on the command line is relative to the current directory, while the job file's
- * own paths are relative to the job file: make it absolute so the two cannot be confused. NULL,
- * with the reason on stderr, when that cannot be done: the override is never dropped or cut. */
-static char *absolute_set(const char *assignment) {
-  if (!strncmp(assignment, "plugins.path=", 13)) return absolute_dirs(assignment);
-  const char *eq = strchr(assignment, '=');
-  const char *val = eq ? eq + 1 : assignment;
-  /* a data source is KIND:PATH, or a kind alone (synthetic) */
-  bool source =
-      !strncmp(assignment, "data.source=", 12) || !strncmp(assignment, "eval.source=", 12);
-  const char *colon = source ? strchr(val, ':') : NULL;
-  const char *path = colon ? colon + 1 : val;
-  bool keep = !is_path_key(assignment) || !path[0] || path[0] == '/' || (!colon && source) ||
-              !strcmp(assignment, "checkpoint.load=latest"); /* a keyword, not a path */
-  char *cwd = keep ? NULL : current_dir();
-  if (!keep && !cwd) {
-    fprintf(stderr,
-            "tessera run: --set %s: cannot read the current directory to resolve the "
-            "relative path: %s; give an absolute path\n",
-            assignment, strerror(errno));
-    return NULL;
-  }
-  size_t len = strlen(assignment) + (cwd ? strlen(cwd) : 0) + 2;
-  char *out = malloc(len);
-  if (!out) {
-    free(cwd);
-    fprintf(stderr, "tessera run: out of memory\n");
-    return NULL;
-  }
-  if (keep)
-    snprintf(out, len, "%s", assignment);
-  else
-    snprintf(out, len, "%.*s%s/%s", (int)(path - assignment), assignment, cwd, path);
-  free(cwd);
-  return out;
-}
-
 int tsr_cmd_run(int argc, char **argv) {
   if (tsr_app_wants_help(argc, argv)) {
     fputs(run_usage, stdout);
@@ -175,7 +75,7 @@ int tsr_cmd_run(int argc, char **argv) {
       fprintf(stderr, "tessera run: more than %d overrides\n", MAX_SETS);
       code = TSR_EXIT_BAD_INPUT;
     } else if (!strcmp(a, "--set")) {
-      sets[nset] = absolute_set(argv[++i]);
+      sets[nset] = tsr_app_absolute_set("run", argv[++i]);
       if (sets[nset])
         nset++;
       else
@@ -184,7 +84,7 @@ int tsr_cmd_run(int argc, char **argv) {
       size_t len = strlen(argv[i + 1]) + 16;
       char *s = malloc(len);
       if (s) snprintf(s, len, "output.dump=%s", argv[++i]);
-      sets[nset] = s ? absolute_set(s) : NULL;
+      sets[nset] = s ? tsr_app_absolute_set("run", s) : NULL;
       if (sets[nset])
         nset++;
       else

@@ -35,4 +35,11 @@ expect 2 "--set data.source: .*/none.bin: cannot open" run --set data.source=tok
 # plugins.path entries are taken from the current directory, as run --help says
 expect 2 "--set plugins.load: nosuch: .*\[$dir/cwd/rel1, /abs2, $dir/cwd/rel3," \
   sh -c "cd '$dir/cwd' && '$bin' run '$job' --no-peak --set plugins.load=nosuch --set plugins.path=rel1:/abs2,rel3"
+# plan resolves a relative path of an override from the current directory too, as run does
+for cmd in run plan; do
+  expect 2 "--set data.source: $dir/cwd/rel.bin: cannot open" \
+    sh -c "cd '$dir/cwd' && '$bin' $cmd '$job' --set data.source=tokens:rel.bin"
+  expect 2 "--set output.tensorboard: $dir/cwd/no/tb: its parent $dir/cwd/no is not an existing directory" \
+    sh -c "cd '$dir/cwd' && '$bin' $cmd '$job' --set output.tensorboard=no/tb"
+done
 [ "$fails" = 0 ] && echo "set checks: ok"
