@@ -184,6 +184,10 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
   bool train = c->job.mode == TSR_MODE_TRAIN;
   /* f32 parameter and AdamW's two moments (made in either mode), and the gradient in training */
   int64_t per = (int64_t)sizeof(float) * (train ? 4 : 3);
+  /* [checkpoint] async keeps a host copy of each rank's parameters and moments for its writer */
+  const tsr_config_ext *x = tsr_config_ext_of(c);
+  bool async = train && x->checkpoint.dir[0] && x->checkpoint_async.async;
+  if (async) per += 3 * (int64_t)sizeof(float);
   int64_t world = c->mesh.world;
   /* local: every rank is a thread of this process; mpi, nccl: one rank per process */
   bool local = !strcmp(c->job.backend, "local");
@@ -240,11 +244,12 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
                (long long)world - 1);
     return tsr_error(TSR_ENOMEM,
                      "%s: the training state of %s needs at least %s (%.3g G parameters x %lld "
-                     "bytes: f32 parameter, %sAdamW's two moments, split at best evenly over "
+                     "bytes: f32 parameter, %sAdamW's two moments%s, split at best evenly over "
                      "the %lld ranks), but %s %s. The largest items: %s. No model was built; %s",
                      where, ranks, gib(low, ha, sizeof ha), (double)n / 1e9, (long long)per,
-                     train ? "gradient, " : "", (long long)world, m.what,
-                     gib((double)m.bytes, hb, sizeof hb), items, fix);
+                     train ? "gradient, " : "",
+                     async ? ", [checkpoint] async's copy of the parameter and moments" : "",
+                     (long long)world, m.what, gib((double)m.bytes, hb, sizeof hb), items, fix);
   }
   /* between the bounds: the layout decides, and plan's per-rank figures are exact */
   tsr_train_mem *per_rank = NULL;
@@ -260,7 +265,8 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
   int worst = 0;
   for (int r = 0; st == TSR_OK && r < world; r++) {
     if (!train) per_rank[r].grads = 0;
-    int64_t t = tsr_train_act_total(&per_rank[r], &act[r]);
+    int64_t t = tsr_train_act_total(&per_rank[r], &act[r]) +
+                (async ? per_rank[r].params + per_rank[r].optim : 0);
     sum += t;
     if (t > top) top = t, worst = r;
   }
@@ -273,7 +279,7 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
   tsr_train_mem w = per_rank[worst];
   /* beyond the state: the tapes and the step's workspace (the peak counts the gradients made) */
   int64_t wact = tsr_train_act_total(&w, &act[worst]) - w.params - w.grads - w.optim;
-  char he[32];
+  char he[32], hf[32];
   free(per_rank);
   free(act);
   if (need <= m.bytes) return TSR_OK;
@@ -292,10 +298,12 @@ tsr_status tsr_train_mem_check(const tsr_app_job *job, bool force, FILE *note) {
   return tsr_error(TSR_ENOMEM,
                    "%s: %s %s at the peak of a step (training state and activations) as `plan` "
                    "lays it out, but %s %s. The largest rank, %d: parameters %s, gradients %s, "
-                   "AdamW moments %s, activations and the step's workspace %s. No step was run; "
-                   "%s",
+                   "AdamW moments %s, activations and the step's workspace %s%s%s. No step was "
+                   "run; %s",
                    where, ranks, gib((double)need, ha, sizeof ha), m.what,
                    gib((double)m.bytes, hb, sizeof hb), worst, gib((double)w.params, hc, sizeof hc),
                    gib((double)w.grads, hd, sizeof hd), gib((double)w.optim, items, sizeof items),
-                   gib((double)wact, he, sizeof he), fix);
+                   gib((double)wact, he, sizeof he),
+                   async ? ", [checkpoint] async's snapshot " : "",
+                   async ? gib((double)(w.params + w.optim), hf, sizeof hf) : "", fix);
 }

@@ -45,6 +45,10 @@ variant mid -e 's/^hidden_size .*/hidden_size = 1024/' -e 's/^intermediate_size 
   -e 's/^num_hidden_layers .*/num_hidden_layers = 4/' -e 's/^vocab_size .*/vocab_size = 256/'
 expect 1 "mid.ini: \[model\] and \[mesh\] shape: the training state of rank 0 needs at least 968.1 MiB.*but ulimit -v = 585.9 MiB, less the .* MiB this process maps already and the 208.0 MiB its 1 rank thread reserves before any tensor (a 128 MiB BLAS buffer, a 64 MiB malloc arena, .*), leaves.*raise the ulimit" \
   sh -c "ulimit -v 600000 && exec \"\$0\" run \"\$1\" --no-peak --no-progress" "$bin" "$dir/mid.ini"
+# [checkpoint] async keeps a copy of the parameters and moments: 12 more bytes a parameter
+mkdir -p "$dir/ck"
+expect 1 "mid.ini: \[model\] and \[mesh\] shape: the training state of rank 0 needs at least 1.65 GiB (0.0634 G parameters x 28 bytes: f32 parameter, gradient, AdamW's two moments, \[checkpoint\] async's copy of the parameter and moments," \
+  sh -c "ulimit -v 600000 && exec \"\$0\" run \"\$1\" --no-peak --no-progress --set checkpoint.dir=\"\$2\" --set checkpoint.async=true" "$bin" "$dir/mid.ini" "$dir/ck"
 # --force goes on: the model is built, and runs out of memory on its own
 expect 1 "memory: --force: the state needs at least 968.1 MiB, more than the .* available" \
   sh -c "ulimit -v 600000 && exec \"\$0\" run \"\$1\" --no-peak --no-progress --force" "$bin" "$dir/mid.ini"
