@@ -85,21 +85,13 @@ void tsr_kernel_moe_route(int64_t *offsets, int32_t *token, const float *combine
   for (int64_t n = 0; n < N; n++)
     for (int e = 0; e < E; e++) offsets[e + 1] += combine[n * E + e] != 0.0f;
   for (int e = 0; e < E; e++) offsets[e + 1] += offsets[e];
-  int64_t *next = malloc((size_t)(E > 0 ? E : 1) * sizeof *next);
-  if (next) {
-    memcpy(next, offsets, (size_t)E * sizeof *next);
-    for (int64_t n = 0; n < N; n++)
-      for (int e = 0; e < E; e++)
-        if (combine[n * E + e] != 0.0f) token[next[e]++] = (int32_t)n;
-    free(next);
-    return;
-  }
-  /* no memory for the cursors: one pass per expert instead */
-  for (int e = 0; e < E; e++) {
-    int64_t m = offsets[e];
-    for (int64_t n = 0; n < N; n++)
-      if (combine[n * E + e] != 0.0f) token[m++] = (int32_t)n;
-  }
+  /* offsets[e] serves as expert e's cursor, which ends at offsets[e + 1]'s value; a shift by one
+   * then restores the starts, so the rows are placed in one pass with no scratch memory */
+  for (int64_t n = 0; n < N; n++)
+    for (int e = 0; e < E; e++)
+      if (combine[n * E + e] != 0.0f) token[offsets[e]++] = (int32_t)n;
+  for (int e = E; e > 0; e--) offsets[e] = offsets[e - 1];
+  offsets[0] = 0;
 }
 
 void tsr_kernel_moe_gather(float *xs, const float *x, const int32_t *token, int64_t M, int C) {
