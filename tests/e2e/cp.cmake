@@ -11,17 +11,8 @@ set(CP_GOLDEN ${PROJECT_SOURCE_DIR}/tests/data/golden/gqa)
 # cp_e2e_job(<name> <dims> <shape> <plugins> <load_balance>) writes ${CP_E2E_DIR}/<name>.ini;
 # dims, shape and plugins are ':'-separated lists.
 function(cp_e2e_job name dims shape plugins balance)
-  string(REPLACE ":" ", " dims "${dims}")
-  string(REPLACE ":" ", " shape "${shape}")
-  string(REPLACE ":" ", " plugins "${plugins}")
-  file(READ ${CP_GOLDEN}/job.ini text)
-  string(REPLACE "dims = dp, tp\nshape = 1, 1"
-    "dims = ${dims}\nshape = ${shape}\n\n[plugins]\nload = ${plugins}\n\n[strategy.cp_ring]\nload_balance = ${balance}"
-    text "${text}")
-  string(REPLACE "safetensors:batch.safetensors" "safetensors:${CP_GOLDEN}/batch.safetensors" text "${text}")
-  string(REPLACE "load = model.safetensors" "load = ${CP_GOLDEN}/model.safetensors" text "${text}")
-  string(REPLACE "dump = dump.safetensors" "dump = ${CP_E2E_DIR}/${name}.safetensors" text "${text}")
-  file(WRITE ${CP_E2E_DIR}/${name}.ini "${text}")
+  golden_mesh_job(${CP_E2E_DIR}/${name} gqa ${dims} ${shape} ${plugins}
+    "[strategy.cp_ring]\nload_balance = ${balance}")
 endfunction()
 
 # name                   dims                    shape   plugins                 load_balance

@@ -10,18 +10,8 @@ file(MAKE_DIRECTORY ${DP_E2E_DIR})
 # dp_e2e_job(<name> <golden case> <dims> <shape> <plugins> <bucket_mb>) writes
 # ${DP_E2E_DIR}/<name>.ini; dims, shape and plugins are ':'-separated.
 function(dp_e2e_job name golden dims shape plugins bucket_mb)
-  set(dir ${PROJECT_SOURCE_DIR}/tests/data/golden/${golden})
-  foreach(list dims shape plugins)
-    string(REPLACE ":" ", " ${list} "${${list}}")
-  endforeach()
-  file(READ ${dir}/job.ini text)
-  string(REPLACE "dims = dp, tp\nshape = 1, 1"
-    "dims = ${dims}\nshape = ${shape}\n\n[plugins]\nload = ${plugins}\n\n[strategy.dp]\nbucket_mb = ${bucket_mb}"
-    text "${text}")
-  string(REPLACE "safetensors:batch.safetensors" "safetensors:${dir}/batch.safetensors" text "${text}")
-  string(REPLACE "load = model.safetensors" "load = ${dir}/model.safetensors" text "${text}")
-  string(REPLACE "dump = dump.safetensors" "dump = ${DP_E2E_DIR}/${name}.safetensors" text "${text}")
-  file(WRITE ${DP_E2E_DIR}/${name}.ini "${text}")
+  golden_mesh_job(${DP_E2E_DIR}/${name} ${golden} ${dims} ${shape} ${plugins}
+    "[strategy.dp]\nbucket_mb = ${bucket_mb}")
 endfunction()
 
 # name                  golden   dims                     shape   plugins  bucket_mb

@@ -14,17 +14,7 @@ file(MAKE_DIRECTORY ${EP_E2E_DIR})
 # ep_e2e_job(<name> <golden case> <dims> <shape> <plugins>) writes ${EP_E2E_DIR}/<name>.ini;
 # dims, shape and plugins are ':'-separated.
 function(ep_e2e_job name golden dims shape plugins)
-  set(dir ${PROJECT_SOURCE_DIR}/tests/data/golden/${golden})
-  foreach(list dims shape plugins)
-    string(REPLACE ":" ", " ${list} "${${list}}")
-  endforeach()
-  file(READ ${dir}/job.ini text)
-  string(REPLACE "dims = dp, tp\nshape = 1, 1"
-    "dims = ${dims}\nshape = ${shape}\n\n[plugins]\nload = ${plugins}" text "${text}")
-  string(REPLACE "safetensors:batch.safetensors" "safetensors:${dir}/batch.safetensors" text "${text}")
-  string(REPLACE "load = model.safetensors" "load = ${dir}/model.safetensors" text "${text}")
-  string(REPLACE "dump = dump.safetensors" "dump = ${EP_E2E_DIR}/${name}.safetensors" text "${text}")
-  file(WRITE ${EP_E2E_DIR}/${name}.ini "${text}")
+  golden_mesh_job(${EP_E2E_DIR}/${name} ${golden} ${dims} ${shape} ${plugins})
 endfunction()
 
 # name               golden      dims                shape   plugins          --set (- for none)

@@ -8,15 +8,9 @@ file(MAKE_DIRECTORY ${TP_E2E_DIR})
 
 # tp_e2e_job(<name> <golden case> <tp> <plugins> <loss_parallel>) writes ${TP_E2E_DIR}/<name>.ini
 function(tp_e2e_job name golden tp plugins loss_parallel)
-  set(dir ${PROJECT_SOURCE_DIR}/tests/data/golden/${golden})
-  file(READ ${dir}/job.ini text)
-  string(REPLACE "shape = 1, 1"
-    "shape = 1, ${tp}\n\n[plugins]\nload = ${plugins}\n\n[strategy.tp]\nloss_parallel = ${loss_parallel}"
-    text "${text}")
-  string(REPLACE "safetensors:batch.safetensors" "safetensors:${dir}/batch.safetensors" text "${text}")
-  string(REPLACE "load = model.safetensors" "load = ${dir}/model.safetensors" text "${text}")
-  string(REPLACE "dump = dump.safetensors" "dump = ${TP_E2E_DIR}/${name}.safetensors" text "${text}")
-  file(WRITE ${TP_E2E_DIR}/${name}.ini "${text}")
+  string(REPLACE ", " ":" plugins "${plugins}")
+  golden_mesh_job(${TP_E2E_DIR}/${name} ${golden} dp:tp 1:${tp} "${plugins}"
+    "[strategy.tp]\nloss_parallel = ${loss_parallel}")
 endfunction()
 
 # name           golden  tp  plugins  loss_parallel
