@@ -164,7 +164,7 @@ errors() {
   refused 2 "job.ini:21: \[data\] mask: .*text:.*has no documents" --set "data.source=text:$text"
   refused 2 "job.ini:21: \[data\] mask: .*synthetic has no documents" --set data.source=synthetic
   # an index that is not the token file's
-  refused 2 "token file docs.bin: .* its index short.bin.idx says .* not a pair" \
+  refused 2 "token file docs.bin: .* its index .*short.bin.idx says .* not a pair" \
     --set data.index=short.bin.idx
   # a plugin whose attention rule predates document masking (tests/plugins/oldattn.c, on
   # TESSERA_PLUGIN_PATH): refused by name, before its rule could attend across documents
