@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tensor_impl.h"
 #include "tessera/dtensor.h"
 
 bool tsr_placement_equal(tsr_placement a, tsr_placement b) {
@@ -173,19 +174,33 @@ tsr_status tsr_dtensor_full_tensor(tsr_rank_t *r, const tsr_dtensor *x, tsr_tens
   return TSR_OK;
 }
 
-tsr_status tsr_dtensor_zeros(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype dt, int ndim,
-                             const int64_t *shape, const tsr_placement *placements,
-                             tsr_dtensor **out) {
+static tsr_status dtensor_make(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype dt, int ndim,
+                               const int64_t *shape, const tsr_placement *placements, bool zero,
+                               tsr_dtensor **out) {
   TSR_CHECK(dtensor_alloc(mesh, ndim, shape, dt, placements, out));
   int64_t lshape[TSR_MAX_DIMS];
   if (!tsr_dtensor_local_shape(mesh, placements, ndim, shape, tsr_rank_id(r), lshape, NULL))
     return TSR_OK;
-  tsr_status st = tsr_tensor_new(tsr_rank_allocator(r), dt, ndim, lshape, &(*out)->local);
+  tsr_status st =
+      zero ? tsr_tensor_new(tsr_rank_allocator(r), dt, ndim, lshape, &(*out)->local)
+           : tsr_tensor_new_uninit(tsr_rank_allocator(r), dt, ndim, lshape, &(*out)->local);
   if (st != TSR_OK) {
     tsr_dtensor_free(*out);
     *out = NULL;
   }
   return st;
+}
+
+tsr_status tsr_dtensor_zeros(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype dt, int ndim,
+                             const int64_t *shape, const tsr_placement *placements,
+                             tsr_dtensor **out) {
+  return dtensor_make(r, mesh, dt, ndim, shape, placements, true, out);
+}
+
+tsr_status tsr_dtensor_uninit(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype dt, int ndim,
+                              const int64_t *shape, const tsr_placement *placements,
+                              tsr_dtensor **out) {
+  return dtensor_make(r, mesh, dt, ndim, shape, placements, false, out);
 }
 
 tsr_status tsr_dtensor_clone(tsr_rank_t *r, const tsr_dtensor *x, tsr_dtensor **out) {

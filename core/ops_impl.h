@@ -42,6 +42,11 @@ tsr_status tsr_op_check(const char *op, const char *role, const tsr_var *v, tsr_
 /* A new tape var of zeros: global `shape`, placements `p` on x's mesh. */
 tsr_status tsr_op_new_output(tsr_tape_t *t, const tsr_var *like, int ndim, const int64_t *shape,
                              const tsr_placement *p, tsr_var **out);
+/* As tsr_op_new_output, the local tensor left unzeroed: for the core's own kernels that write
+ * every element of their output (add, linear, rmsnorm, rope, swiglu), not for one that adds into
+ * it. */
+tsr_status tsr_op_new_output_whole(tsr_tape_t *t, const tsr_var *like, int ndim,
+                                   const int64_t *shape, const tsr_placement *p, tsr_var **out);
 
 /* A zero gradient for `v` with placements `p`. */
 tsr_status tsr_op_new_grad(tsr_tape_t *t, const tsr_var *v, const tsr_placement *p,

@@ -124,7 +124,7 @@ static tsr_status rmsnorm_forward(tsr_tape_t *t, tsr_var *x, tsr_var *weight, fl
   bool handled;
   TSR_CHECK(tsr_op_run_rule(t, "rmsnorm", in, 2, &attrs, sizeof attrs, &plan, 1, out, &handled));
   if (handled) return TSR_OK;
-  TSR_CHECK(tsr_op_new_output(t, x, xv->ndim, xv->shape, plan.outputs[0], out));
+  TSR_CHECK(tsr_op_new_output_whole(t, x, xv->ndim, xv->shape, plan.outputs[0], out));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
   s->eps = eps;
@@ -203,7 +203,7 @@ static tsr_status linear_forward(tsr_tape_t *t, tsr_var *x, tsr_var *weight, tsr
   int64_t shape[TSR_MAX_DIMS];
   memcpy(shape, xv->shape, sizeof shape);
   shape[xv->ndim - 1] = wv->shape[0];
-  TSR_CHECK(tsr_op_new_output(t, x, xv->ndim, shape, plan.outputs[0], out));
+  TSR_CHECK(tsr_op_new_output_whole(t, x, xv->ndim, shape, plan.outputs[0], out));
   const tsr_dtensor *ov = (*out)->value;
   if (ov->local) {
     const tsr_tensor *xl = xv->local, *wl = wv->local;
@@ -278,7 +278,7 @@ static tsr_status rope_forward(tsr_tape_t *t, tsr_var *x, float theta, tsr_var *
   bool handled;
   TSR_CHECK(tsr_op_run_rule(t, "rope", &x, 1, &attrs, sizeof attrs, &plan, 1, out, &handled));
   if (handled) return TSR_OK;
-  TSR_CHECK(tsr_op_new_output(t, x, 4, x->value->shape, plan.outputs[0], out));
+  TSR_CHECK(tsr_op_new_output_whole(t, x, 4, x->value->shape, plan.outputs[0], out));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
   s->theta = theta;
@@ -341,8 +341,8 @@ static tsr_status swiglu_forward(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_
   bool handled;
   TSR_CHECK(tsr_op_run_rule(t, "swiglu", in, 2, NULL, 0, &plan, 1, out, &handled));
   if (handled) return TSR_OK;
-  TSR_CHECK(
-      tsr_op_new_output(t, gate, gate->value->ndim, gate->value->shape, plan.outputs[0], out));
+  TSR_CHECK(tsr_op_new_output_whole(t, gate, gate->value->ndim, gate->value->shape, plan.outputs[0],
+                                    out));
   if ((*out)->value->local)
     tsr_op_kernels((*out)->value)
         ->swiglu_forward(fdata((*out)->value), fdata(gate->value), fdata(up->value),

@@ -5,6 +5,7 @@
 
 #include "ops_impl.h"
 #include "registry_impl.h"
+#include "tensor_impl.h"
 #include "tessera/breadcrumb.h"
 
 static const tsr_mesh_t *mesh_of(const tsr_var *v) {
@@ -79,6 +80,15 @@ tsr_status tsr_op_new_output(tsr_tape_t *t, const tsr_var *like, int ndim, const
                              const tsr_placement *p, tsr_var **out) {
   tsr_dtensor *d = NULL;
   TSR_CHECK(tsr_dtensor_zeros(tsr_tape_rank(t), mesh_of(like), TSR_F32, ndim, shape, p, &d));
+  tsr_status st = tsr_tape_new_var(t, d, out);
+  if (st != TSR_OK) tsr_dtensor_free(d);
+  return st;
+}
+
+tsr_status tsr_op_new_output_whole(tsr_tape_t *t, const tsr_var *like, int ndim,
+                                   const int64_t *shape, const tsr_placement *p, tsr_var **out) {
+  tsr_dtensor *d = NULL;
+  TSR_CHECK(tsr_dtensor_uninit(tsr_tape_rank(t), mesh_of(like), TSR_F32, ndim, shape, p, &d));
   tsr_status st = tsr_tape_new_var(t, d, out);
   if (st != TSR_OK) tsr_dtensor_free(d);
   return st;
@@ -165,7 +175,7 @@ tsr_status tsr_op_add(tsr_tape_t *t, tsr_var *a, tsr_var *b, tsr_var **out) {
   bool handled;
   TSR_CHECK(tsr_op_run_rule(t, "add", in, 2, NULL, 0, &plan, 1, out, &handled));
   if (handled) return TSR_OK;
-  TSR_CHECK(tsr_op_new_output(t, a, a->value->ndim, a->value->shape, plan.outputs[0], out));
+  TSR_CHECK(tsr_op_new_output_whole(t, a, a->value->ndim, a->value->shape, plan.outputs[0], out));
   if ((*out)->value->local) {
     const tsr_tensor *o = (*out)->value->local;
     tsr_kernel_table_of(o)->add(tsr_tensor_data(o), tsr_tensor_data(a->value->local),

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "host_pool.h"
+#include "tensor_impl.h"
 #include "kernel_table.h"
 #include "tessera/tensor.h"
 
@@ -155,8 +156,8 @@ static tsr_status check_shape(int ndim, const int64_t *shape) {
   return TSR_OK;
 }
 
-tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim, const int64_t *shape,
-                          tsr_tensor **out) {
+static tsr_status tensor_make(tsr_allocator *alloc, tsr_dtype dt, int ndim, const int64_t *shape,
+                              bool zero, tsr_tensor **out) {
   *out = NULL;
   if ((unsigned)dt >= TSR_DTYPE_COUNT) return TSR_ERROR(TSR_EINVAL, "invalid dtype %d", (int)dt);
   TSR_CHECK(check_shape(ndim, shape));
@@ -184,14 +185,24 @@ tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim, const in
     return TSR_ERROR(TSR_ENOMEM, "out of memory allocating a %s tensor of shape %s (%zu bytes)",
                      tsr_dtype_name(dt), tsr_shape_str(ndim, shape, buf, sizeof buf), bytes);
   }
-  if (alloc->device.kind == TSR_DEVICE_CPU)
+  if (zero && alloc->device.kind == TSR_DEVICE_CPU)
     memset(s->data, 0, s->bytes);
-  else
+  else if (zero)
     tsr_kernel_table_of_device(alloc->device)->zero(s->data, s->bytes);
   atomic_init(&s->refs, 1);
   t->storage = s;
   *out = t;
   return TSR_OK;
+}
+
+tsr_status tsr_tensor_new(tsr_allocator *alloc, tsr_dtype dt, int ndim, const int64_t *shape,
+                          tsr_tensor **out) {
+  return tensor_make(alloc, dt, ndim, shape, true, out);
+}
+
+tsr_status tsr_tensor_new_uninit(tsr_allocator *alloc, tsr_dtype dt, int ndim, const int64_t *shape,
+                                 tsr_tensor **out) {
+  return tensor_make(alloc, dt, ndim, shape, false, out);
 }
 
 static void storage_release(tsr_storage *s) {
