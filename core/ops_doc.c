@@ -127,66 +127,6 @@ tsr_status tsr_op_rope_doc(tsr_tape_t *t, tsr_var *x, tsr_var *pos, float theta,
 
 /* ---- sdpa_doc ---- */
 
-typedef struct doc_saved {
-  tsr_op_placements plan;
-  int B, L, Lk, Hq, Hkv, D;
-  tsr_tensor *q_pos, *k_pos; /* (L), (Lk) i32 global positions of the local rows */
-  tsr_tensor *out, *lse;     /* (B, L, Hq, D), (B, Hq, L) */
-} doc_saved;
-
-static void doc_saved_free(void *p) {
-  doc_saved *s = p;
-  if (!s) return;
-  tsr_tensor_free(s->q_pos);
-  tsr_tensor_free(s->k_pos);
-  tsr_tensor_free(s->out);
-  tsr_tensor_free(s->lse);
-  free(s);
-}
-
-/* The kernel `name` of x's device, or an error naming the device. */
-static tsr_status seg_kernel(const tsr_dtensor *x, const char *name, tsr_kernel_fn *out) {
-  const tsr_kernel_table *k = tsr_op_kernels(x);
-  *out = tsr_kernel_lookup(k, name);
-  if (!*out)
-    return TSR_ERROR(TSR_ENOTSUP,
-                     "sdpa_doc: the %s device has no kernel '%s'; [data] mask = document needs a "
-                     "library that serves it",
-                     k->name, name);
-  return TSR_OK;
-}
-
-static tsr_status sdpa_doc_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
-                                    int nout, void *saved) {
-  (void)nin, (void)nout;
-  doc_saved *s = saved;
-  tsr_placement want[TSR_MAX_MESH_DIMS];
-  tsr_op_grad_placements(out[0]->value->mesh, out[0]->value->placements, want);
-  const tsr_dtensor *g;
-  tsr_dtensor *owned, *grads[3] = {NULL, NULL, NULL};
-  TSR_CHECK(tsr_op_grad_of(t, out[0], want, &g, &owned));
-  tsr_status st = TSR_OK;
-  for (int i = 0; i < 3 && st == TSR_OK; i++)
-    st = tsr_op_new_grad(t, in[i], s->plan.grads[i], &grads[i]);
-  tsr_kernel_fn fn = NULL;
-  if (st == TSR_OK && g->local) st = seg_kernel(g, "attention_backward_seg_blhd", &fn);
-  if (st == TSR_OK && g->local) {
-    const int32_t *seg = data(in[3]->value->local);
-    st = ((tsr_kernel_attention_backward_seg_fn)fn)(
-        fdata(grads[0]), fdata(grads[1]), fdata(grads[2]), fdata(g), fdata(in[0]->value),
-        fdata(in[1]->value), fdata(in[2]->value), data(s->out), data(s->lse), data(s->q_pos),
-        data(s->k_pos), seg, seg, s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, true);
-  }
-  tsr_dtensor_free(owned);
-  for (int i = 0; i < 3; i++) {
-    if (st == TSR_OK)
-      st = tsr_var_accumulate_grad(t, in[i], grads[i]);
-    else
-      tsr_dtensor_free(grads[i]);
-  }
-  return st;
-}
-
 /* Why no rule serves sdpa_doc on some dim, when a plugin's rule serves plain sdpa there: the
  * plugin predates document masking (or has not taken it up), and says so by name. */
 static tsr_status refuse_plugin(tsr_tape_t *t, tsr_var *const *in, tsr_status st) {
@@ -241,37 +181,7 @@ static tsr_status sdpa_doc_forward(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_va
   TSR_CHECK(
       tsr_op_run_rule(t, TSR_OP_SDPA_DOC, in, 4, &attrs, sizeof attrs, &plan, 1, out, &handled));
   if (handled) return TSR_OK;
-  TSR_CHECK(tsr_op_new_output(t, q, 4, qs, plan.outputs[0], out));
-  doc_saved *s = calloc(1, sizeof *s);
-  if (!s) return TSR_ERROR(TSR_ENOMEM, "out of memory saving attention");
-  s->plan = plan;
-  if (q->value->local) {
-    const int64_t *ql = q->value->local->shape, *kl = k->value->local->shape;
-    s->B = (int)ql[0];
-    s->Hq = (int)ql[2];
-    s->Hkv = (int)kl[2];
-    s->D = (int)ql[3];
-    tsr_allocator *alloc = tsr_tensor_scratch_allocator(q->value->local);
-    tsr_kernel_fn fn = NULL;
-    st = seg_kernel(q->value, "attention_forward_seg_blhd", &fn);
-    if (st == TSR_OK) st = tsr_op_positions(t, q->value, &s->L, &s->q_pos);
-    if (st == TSR_OK) st = tsr_op_positions(t, k->value, &s->Lk, &s->k_pos);
-    int64_t lse_shape[3] = {s->B, s->Hq, s->L};
-    if (st == TSR_OK) st = tsr_tensor_new(alloc, TSR_F32, 3, lse_shape, &s->lse);
-    const tsr_tensor *o = (*out)->value->local;
-    const int32_t *sg = data(in[3]->value->local);
-    if (st == TSR_OK)
-      st = ((tsr_kernel_attention_forward_seg_fn)fn)(
-          data(o), data(s->lse), fdata(q->value), fdata(k->value), fdata(v->value), data(s->q_pos),
-          data(s->k_pos), sg, sg, s->B, s->Hq, s->Hkv, s->L, s->Lk, s->D, true);
-    /* a copy: the output var may be released before this node's backward runs */
-    if (st == TSR_OK) st = tsr_tensor_to(o, alloc, &s->out);
-  }
-  if (st != TSR_OK) {
-    doc_saved_free(s);
-    return st;
-  }
-  return tsr_tape_record(t, TSR_OP_SDPA_DOC, in, 4, out, 1, sdpa_doc_backward, s, doc_saved_free);
+  return tsr_op_sdpa_local(t, TSR_OP_SDPA_DOC, in, 4, true, &plan, out);
 }
 
 tsr_status tsr_op_sdpa_doc(tsr_tape_t *t, tsr_var *q, tsr_var *k, tsr_var *v, tsr_var *seg,

@@ -48,6 +48,12 @@ tsr_status tsr_op_new_output(tsr_tape_t *t, const tsr_var *like, int ndim, const
 tsr_status tsr_op_new_output_whole(tsr_tape_t *t, const tsr_var *like, int ndim,
                                    const int64_t *shape, const tsr_placement *p, tsr_var **out);
 
+/* The core's own attention on q, k, v = in[0..2] once no rule has taken the op: the output, the
+ * saved log-sum-exp and positions, and the tape node, for `op` ("sdpa", or "sdpa_doc" with
+ * in[3] the segment ids laid out like q's rows, nin = 4, through the kernels with segment ids). */
+tsr_status tsr_op_sdpa_local(tsr_tape_t *t, const char *op, tsr_var *const *in, int nin,
+                             bool causal, const tsr_op_placements *plan, tsr_var **out);
+
 /* A zero gradient for `v` with placements `p`. */
 tsr_status tsr_op_new_grad(tsr_tape_t *t, const tsr_var *v, const tsr_placement *p,
                            tsr_dtensor **out);
