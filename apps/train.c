@@ -46,9 +46,11 @@ tsr_llama_config tsr_train_model_config(const tsr_config *c) {
       .decoder_sparse_step = (int)tsr_config_ext_of(c)->model.decoder_sparse_step,
       .router_aux_loss_coef = (float)tsr_config_ext_of(c)->model.router_aux_loss_coef,
       .checkpoint_every =
-          tsr_config_ext_of(c)->model_memory.activation_checkpointing == TSR_ACT_CKPT_FULL
+          tsr_config_ext_of(c)->model_memory.activation_checkpointing != TSR_ACT_CKPT_NONE
               ? (int)tsr_config_ext_of(c)->model_memory.checkpoint_every
               : 0,
+      .checkpoint_selective =
+          tsr_config_ext_of(c)->model_memory.activation_checkpointing == TSR_ACT_CKPT_SELECTIVE,
   };
   return m;
 }

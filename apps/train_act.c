@@ -24,7 +24,10 @@ typedef struct svar {
   int64_t gbytes; /* its gradient */
   bool rg;        /* requires grad */
   bool has_grad;
-  bool alone; /* a parameter dp cannot bucket: its gradient is reduced alone when ready */
+  bool alone;    /* a parameter dp cannot bucket: its gradient is reduced alone when ready */
+  bool borrowed; /* its gradient shares another's buffer (an add's inputs): freeing it frees none */
+  bool recomp;   /* an element-wise op's output in a selective layer */
+  bool dropped;  /* released until a backward reads it (selective checkpointing) */
 } svar;
 
 typedef struct snode {
@@ -33,6 +36,7 @@ typedef struct snode {
   int64_t fwd_ws; /* transient in its forward */
   int64_t bwd_ws; /* transient in its backward (a weight gathered again, scratch) */
   int layer;      /* >= 0: a recomputed layer (activation checkpointing) */
+  bool alias;     /* an add or a view: its inputs' gradients share its output's buffer */
 } snode;
 
 typedef struct stape {
@@ -67,6 +71,9 @@ typedef struct sim {
   int64_t ckv_expand;    /* Ulysses: kv heads repeated to its degree */
   const tsr_llama_config *mc;
   int every;         /* checkpoint_every; 0: none */
+  bool selective;    /* the layers every picks keep GEMM and attention outputs only */
+  bool in_selective; /* recording such a layer */
+  bool rope_kept;    /* a plugin's rule computes RoPE: its output is not recomputable */
   int64_t lin_out;   /* bytes of the linears' outputs (a split backward keeps their gradients) */
   int64_t layer_max; /* the most one decoder layer adds to the tape */
 } sim;
@@ -120,7 +127,7 @@ static int room(sim *s, stape *t) {
 
 static int leaf(sim *s, stape *t, int64_t bytes) {
   if (!room(s, t)) return 0;
-  t->v[t->nv] = (svar){bytes, bytes, false, false, false};
+  t->v[t->nv] = (svar){bytes, bytes, false, false, false, false, false, false};
   return t->nv++;
 }
 
@@ -136,7 +143,7 @@ static int op(sim *s, stape *t, int64_t out, int64_t saved, int nin, const int *
     rg = rg || var(s, t, in[i])->rg;
   }
   n->nin = nin;
-  t->v[t->nv] = (svar){out, out, rg && s->recording, false, false};
+  t->v[t->nv] = (svar){out, out, rg && s->recording, false, false, false, false, false};
   n->out[0] = t->nv;
   n->nout = 1;
   s->live += out;
@@ -153,10 +160,51 @@ static int op(sim *s, stape *t, int64_t out, int64_t saved, int nin, const int *
 #define OP(s, t, out, saved, ...)                                                                  \
   op(s, t, out, saved, (int)(sizeof((int[]){__VA_ARGS__}) / sizeof(int)), (int[]){__VA_ARGS__})
 
+/* Drops v's gradient; a borrowed one leaves its buffer to the var that owns it. */
+static void grad_free(sim *s, svar *v) {
+  if (v->has_grad && !v->borrowed) s->live -= v->gbytes;
+  v->has_grad = v->borrowed = false;
+}
+
+/* A view (split or merge of heads): no bytes of its own, a gradient of `bytes`. */
+static int view(sim *s, stape *t, int x, int64_t bytes) {
+  int y = OP(s, t, 0, 0, x);
+  t->v[y].gbytes = bytes;
+  if (t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].alias = true;
+  return y;
+}
+
+static int add(sim *s, stape *t, int a, int b) {
+  int y = OP(s, t, s->T * s->C * F32, 0, a, b);
+  if (t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].alias = true;
+  return y;
+}
+
+/* An element-wise op's output: recomputable in a selective layer (tsr_tape_set_selective). */
+static int recomputable(sim *s, stape *t, int v) {
+  if (s->in_selective && s->recording) t->v[v].recomp = true;
+  return v;
+}
+
+/* Selective checkpointing makes a released input again before the backward that reads it. */
+static void recompute_inputs(sim *s, stape *t, const snode *n) {
+  for (int j = 0; j < n->nin; j++)
+    if (n->in[j] < PARAM && t->v[n->in[j]].dropped) {
+      t->v[n->in[j]].dropped = false;
+      s->live += t->v[n->in[j]].bytes;
+    }
+}
+
+static void release(sim *s, svar *v) {
+  if (v->dropped) return;
+  v->dropped = true;
+  s->live -= v->bytes;
+}
+
 static void tape_reset(sim *s, stape *t) {
   for (int i = 0; i < t->nv; i++) {
-    s->live -= t->v[i].bytes;
-    if (t->v[i].has_grad) s->live -= t->v[i].gbytes;
+    if (!t->v[i].dropped) s->live -= t->v[i].bytes;
+    grad_free(s, &t->v[i]);
   }
   for (int i = 0; i < t->nn; i++) s->live -= t->n[i].saved;
   t->nv = t->nn = 0;
@@ -226,8 +274,7 @@ static void ckpt_backward(sim *s, stape *t, snode *n) {
   svar *h = var(s, t, n->in[0]);
   bump(s, 0);
   if (sub->v[hx].has_grad) {
-    sub->v[hx].has_grad = false;
-    s->live -= hb;
+    grad_free(s, &sub->v[hx]);
     accumulate(s, h, hb);
   }
   tape_reset(s, sub);
@@ -248,7 +295,22 @@ static void backward(sim *s, stape *t) {
       s->nested = nested;
       for (int k = 0; !nested && k < 16; k++)
         if (s->p[16 * n->layer + k].rg) bucket_add(s, &s->p[16 * n->layer + k]);
+    } else if (n->alias) {
+      /* the first input without a gradient takes the output's buffer, later ones share it;
+       * one with a gradient already adds into it in place */
+      svar *o = &t->v[n->out[0]];
+      bool moved = false;
+      for (int j = 0; j < n->nin; j++) {
+        svar *v = var(s, t, n->in[j]);
+        if (!v->rg || v->has_grad) continue;
+        v->has_grad = true;
+        v->gbytes = o->gbytes;
+        v->borrowed = moved || o->borrowed;
+        moved = true;
+      }
+      if (moved) o->has_grad = o->borrowed = false;
     } else {
+      recompute_inputs(s, t, n);
       int64_t fresh = 0;
       for (int j = 0; j < n->nin; j++) {
         svar *v = var(s, t, n->in[j]);
@@ -268,11 +330,9 @@ static void backward(sim *s, stape *t) {
         }
       }
     }
-    for (int k = 0; k < n->nout; k++)
-      if (t->v[n->out[k]].has_grad) {
-        t->v[n->out[k]].has_grad = false;
-        s->live -= t->v[n->out[k]].gbytes;
-      }
+    for (int k = 0; k < n->nout; k++) grad_free(s, &t->v[n->out[k]]);
+    /* nothing reads a recomputable output after the backward of the node that made it */
+    if (t->v[n->out[0]].recomp) release(s, &t->v[n->out[0]]);
   }
 }
 
@@ -298,7 +358,7 @@ static int move(sim *s, stape *t, int x, int64_t bytes) {
 
 static int rmsnorm(sim *s, stape *t, int x, int k, int64_t rows) {
   int w = param(s, k, s->C * F32);
-  return OP(s, t, rows * s->C * F32, rows * F32, x, w);
+  return recomputable(s, t, OP(s, t, rows * s->C * F32, rows * F32, x, w));
 }
 
 static void attention(sim *s, stape *t, int x, int *out) {
@@ -307,13 +367,17 @@ static void attention(sim *s, stape *t, int x, int *out) {
   int q = linear(s, t, x, 1, Tl * s->Cq * F32, s->Cq * C, true);
   int k = linear(s, t, x, 2, Tl * s->Ckv * F32, s->Ckv * C, !s->kv_whole);
   int v = linear(s, t, x, 3, Tl * s->Ckv * F32, s->Ckv * C, !s->kv_whole);
-  int qh = OP(s, t, Tl * s->Cq * F32, 0, q), kh = OP(s, t, Tl * s->Ckv * F32, 0, k);
-  int vh = OP(s, t, Tl * s->Ckv * F32, 0, v);
+  int qh = view(s, t, q, Tl * s->Cq * F32), kh = view(s, t, k, Tl * s->Ckv * F32);
+  int vh = view(s, t, v, Tl * s->Ckv * F32);
   int qr = OP(s, t, Tl * s->Cq * F32, 0, qh), kr = OP(s, t, Tl * s->Ckv * F32, 0, kh);
+  if (!s->rope_kept) {
+    recomputable(s, t, qr);
+    recomputable(s, t, kr);
+  }
   /* Ulysses keeps its all-to-all'd q, k, v (kv heads repeated to its degree) and output */
   int64_t kept = s->uly > 1 ? Tl * F32 * (2 * s->Cq + 2 * s->Ckv * s->ckv_expand) : 0;
   int a = OP(s, t, Tl * s->Cq * F32, kept, qr, kr, vh);
-  int am = OP(s, t, Tl * s->Cq * F32, 0, a);
+  int am = view(s, t, a, Tl * s->Cq * F32);
   int o = linear(s, t, am, 4, Tl * C * F32, C * s->Cq, false);
   if (s->tp > 1) o = move(s, t, o, s->T * C * F32); /* all-reduce, or sp's reduce-scatter */
   *out = o;
@@ -324,7 +388,7 @@ static int mlp(sim *s, stape *t, int x) {
   if (s->sp) x = move(s, t, x, Tl * C * F32);
   int g = linear(s, t, x, 6, Tl * s->I * F32, s->I * C, true);
   int u = linear(s, t, x, 7, Tl * s->I * F32, s->I * C, true);
-  int w = OP(s, t, Tl * s->I * F32, 0, g, u);
+  int w = recomputable(s, t, OP(s, t, Tl * s->I * F32, 0, g, u));
   int d = linear(s, t, w, 8, Tl * C * F32, C * s->I, false);
   if (s->tp > 1) d = move(s, t, d, s->T * C * F32);
   return d;
@@ -357,10 +421,10 @@ static void layer_ops(sim *s, stape *t, int l, int h, int *out) {
   s->cur = l;
   int n = rmsnorm(s, t, h, 0, s->T), a, f;
   attention(s, t, n, &a);
-  int h2 = OP(s, t, s->T * s->C * F32, 0, h, a);
+  int h2 = add(s, t, h, a);
   int n2 = rmsnorm(s, t, h2, 5, s->T);
   f = tsr_llama_layer_is_moe(s->mc, l) ? moe(s, t, n2) : mlp(s, t, n2);
-  *out = OP(s, t, s->T * s->C * F32, 0, h2, f);
+  *out = add(s, t, h2, f);
 }
 
 /* A layer on the outer tape: as it is, or checkpointed (its ops on a tape that records nothing,
@@ -369,6 +433,16 @@ static int decoder_layer(sim *s, stape *t, int l, int h) {
   int out;
   if (!(s->every > 0 && (l + 1) % s->every == 0)) {
     layer_ops(s, t, l, h, &out);
+    return out;
+  }
+  if (s->selective) {
+    /* its element-wise outputs are released at the layer's end */
+    int from = t->nv;
+    s->in_selective = true;
+    layer_ops(s, t, l, h, &out);
+    s->in_selective = false;
+    for (int i = from; i < t->nv; i++)
+      if (t->v[i].recomp) release(s, &t->v[i]);
     return out;
   }
   stape *sub = tape_new(1);
@@ -499,6 +573,19 @@ static int64_t held(const tsr_pipe_timeline *tl, int prank, int64_t tape, int64_
   return most;
 }
 
+/* Whether cp_ring computes RoPE itself (load_balance = zigzag on a ring of 2 or more): its rule's
+ * output is not an element-wise op's local one, and selective checkpointing keeps it. */
+static bool ring_ropes(const tsr_app_job *job) {
+  if (owned_size(job, "cp_ring", NULL) < 2) return false;
+  for (int i = 0; i < tsr_plugin_set_count(job->plugins); i++) {
+    const tsr_strategy *st = tsr_plugin_set_strategy(job->plugins, i);
+    if (!st || strcmp(st->name, "cp_ring")) continue;
+    const char *v = tsr_config_get(job->cfg, "cp_ring", st->keys, "load_balance");
+    return v && !strcmp(v, "zigzag");
+  }
+  return false;
+}
+
 /* [strategy.dp] bucket_mb in bytes, 0 without a dp dim that syncs. */
 static int64_t dp_bucket(const tsr_app_job *job) {
   if (owned_size(job, "dp", NULL) < 2) return 0;
@@ -568,6 +655,8 @@ tsr_status tsr_train_act_plan(const tsr_app_job *job, tsr_train_act *out) {
     s.mc = &mc;
     s.recording = train;
     s.every = mc.checkpoint_every;
+    s.selective = mc.checkpoint_selective;
+    s.rope_kept = ring_ropes(job);
     s.C = mc.hidden_size;
     s.tp = r.tp;
     s.sp = r.sp;

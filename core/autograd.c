@@ -5,63 +5,18 @@
 
 #include "kernel_table.h"
 #include "registry_impl.h"
+#include "tape_impl.h"
+#include "tensor_impl.h"
 #include "tessera/autograd.h"
 #include "tessera/breadcrumb.h"
 #include "trace_impl.h"
-
-#define TAPE_MAX_IO 16 /* inputs or outputs of one node (a recomputed layer and its weights) */
-
-typedef struct tape_node {
-  const char *op;
-  tsr_var *inputs[TAPE_MAX_IO]; /* (ninputs) borrowed */
-  int ninputs;
-  tsr_var *outputs[TAPE_MAX_IO]; /* (noutputs) borrowed; owned by the tape's var list */
-  int noutputs;
-  tsr_backward_fn backward;
-  void *saved;
-  void (*free_saved)(void *);
-  tsr_var *remat[TAPE_MAX_IO]; /* input j transient: the var its value is rebuilt from */
-} tape_node;
-
-/* A transient var not yet read by a recorded node (tsr_tape_set_transient). */
-typedef struct transient {
-  tsr_var *v, *src;
-} transient;
-
-/* A backward split by tsr_tape_backward_input, waiting for tsr_tape_backward_weight. */
-typedef enum split_kind {
-  SPLIT_NONE = 0,
-  SPLIT_WEIGHT_LATER = 1,
-  SPLIT_WHOLE_LATER = 2
-} split_kind;
-
-typedef struct split_state {
-  int nnodes;          /* the tape's node count when it was split */
-  unsigned char *act;  /* (nnodes) the node's outputs lead to one of the inputs */
-  unsigned char *kind; /* (nnodes) split_kind */
-  tsr_dtensor **grads; /* (nnodes * TAPE_MAX_IO) kept output gradients of WEIGHT_LATER */
-  tsr_var **inputs;    /* (ninputs) borrowed */
-  int ninputs, ndeferred;
-} split_state;
-
-struct tsr_tape_t {
-  tsr_rank_t *r;
-  split_state *split; /* NULL unless a split backward is pending */
-  bool recording;
-  bool no_hooks;    /* tsr_tape_set_hooks(t, false): a tape nested in another's backward */
-  tape_node *nodes; /* (nnodes) in execution order */
-  int nnodes, node_cap;
-  tsr_var **vars; /* (nvars) every var the tape made */
-  int nvars, var_cap;
-  transient *pending; /* (npending) */
-  int npending, pending_cap;
-};
 
 tsr_status tsr_tape_new(tsr_rank_t *r, tsr_tape_t **out) {
   *out = calloc(1, sizeof **out);
   if (!*out) return TSR_ERROR(TSR_ENOMEM, "out of memory allocating a tape");
   (*out)->r = r;
   (*out)->recording = true;
+  (*out)->selective_from = -1;
   return TSR_OK;
 }
 
@@ -92,6 +47,7 @@ void tsr_tape_reset(tsr_tape_t *t) {
   t->nnodes = 0;
   t->nvars = 0;
   t->npending = 0;
+  if (t->selective_from > 0) t->selective_from = 0;
 }
 
 void tsr_tape_free(tsr_tape_t *t) {
@@ -168,13 +124,13 @@ tsr_status tsr_tape_set_transient(tsr_tape_t *t, tsr_var *v, tsr_var *src) {
   return TSR_OK;
 }
 
-static void drop_local(tsr_var *v) {
+void tsr_tape_drop_local(tsr_var *v) {
   tsr_tensor_free(v->value->local);
   v->value->local = NULL;
 }
 
 /* Rebuilds a transient input's local tensor from its source for the node's backward. */
-static tsr_status rebuild_local(tsr_tape_t *t, tsr_var *v, const tsr_var *src) {
+tsr_status tsr_tape_rebuild_local(tsr_tape_t *t, tsr_var *v, const tsr_var *src) {
   tsr_dtensor *d = NULL;
   TSR_CHECK(tsr_dtensor_redistribute(t->r, src->value, v->value->mesh, v->value->placements, &d));
   v->value->local = d->local;
@@ -204,7 +160,7 @@ tsr_status tsr_tape_record(tsr_tape_t *t, const char *op, tsr_var *const *inputs
   if (t->npending && ninputs <= TAPE_MAX_IO) claim_transients(t, inputs, ninputs, srcs);
   /* the op's forward has run: a transient input is not needed again before backward */
   for (int j = 0; j < ninputs && j < TAPE_MAX_IO; j++)
-    if (srcs[j]) drop_local(inputs[j]);
+    if (srcs[j]) tsr_tape_drop_local(inputs[j]);
   bool needed = false;
   for (int i = 0; i < ninputs; i++) needed = needed || inputs[i]->requires_grad;
   if (!t->recording || !needed) {
@@ -308,6 +264,17 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
       st = TSR_ERROR(TSR_EINTERNAL, "gradient of '%s' accumulates %lld elements into %lld",
                      v->name ? v->name : "(unnamed)", (long long)tsr_tensor_numel(b),
                      (long long)tsr_tensor_numel(a));
+    } else if (tsr_tensor_is_shared(a)) {
+      /* another gradient shares the buffer (an add's inputs, a view's): the sum goes to a new
+       * one, leaving the other as it was */
+      tsr_tensor *sum = NULL;
+      st = tsr_tensor_new_uninit(tsr_rank_allocator(t->r), a->dtype, a->ndim, a->shape, &sum);
+      if (st == TSR_OK) {
+        tsr_kernel_table_of(a)->add(tsr_tensor_data(sum), tsr_tensor_data(a), tsr_tensor_data(b),
+                                    tsr_tensor_numel(a));
+        tsr_tensor_free(v->grad->local);
+        v->grad->local = sum;
+      }
     } else {
       tsr_kernel_table_of(a)->add(tsr_tensor_data(a), tsr_tensor_data(a), tsr_tensor_data(b),
                                   tsr_tensor_numel(a));
@@ -315,6 +282,17 @@ tsr_status tsr_var_accumulate_grad(tsr_tape_t *t, tsr_var *v, tsr_dtensor *grad)
   }
   tsr_dtensor_free(g);
   return st;
+}
+
+/* Gives v a gradient buffer of its own when it shares one (an add's or a view's backward): a
+ * leaf's gradient is written in place once backward is past it (dp's buckets, clipping). */
+static tsr_status unshare_grad(tsr_tape_t *t, tsr_var *v) {
+  if (!v->grad || !v->grad->local || !tsr_tensor_is_shared(v->grad->local)) return TSR_OK;
+  tsr_dtensor *own = NULL;
+  TSR_CHECK(tsr_dtensor_clone(t->r, v->grad, &own));
+  tsr_dtensor_free(v->grad);
+  v->grad = own;
+  return TSR_OK;
 }
 
 /* The node's backward function, with the op it differentiates in the breadcrumb. */
@@ -337,10 +315,12 @@ static tsr_status backward_node(tsr_tape_t *t, tape_node *node) {
   tsr_status st = TSR_OK;
   for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
     if (node->remat[j] && !node->inputs[j]->value->local)
-      st = rebuild_local(t, node->inputs[j], node->remat[j]);
+      st = tsr_tape_rebuild_local(t, node->inputs[j], node->remat[j]);
+  if (st == TSR_OK) st = tsr_tape_recompute_inputs(t, node);
   if (st == TSR_OK) st = run_backward(t, node);
   for (int j = 0; j < node->ninputs; j++)
-    if (node->remat[j]) drop_local(node->inputs[j]);
+    if (node->remat[j]) tsr_tape_drop_local(node->inputs[j]);
+  tsr_tape_recompute_release(t, node);
   if (st != TSR_OK) return tsr_error_prefix(st, "backward of '%s'", node->op);
   /* An intermediate's gradient is read only by the node that made it: free it now to keep
    * backward's memory at one layer's worth. */
@@ -372,7 +352,8 @@ static bool reached(const tape_node *node) {
  * no node before i reads them); `next` walks `uses`, which is sorted by node, downwards. */
 static tsr_status hooks_ready(tsr_tape_t *t, const tsr_registry_t *reg, int nhooks,
                               const leaf_use *uses, int nuses, int i, int *next) {
-  for (; *next < nuses && uses[*next].node == i; (*next)++)
+  for (; *next < nuses && uses[*next].node == i; (*next)++) {
+    TSR_CHECK(unshare_grad(t, uses[*next].v));
     for (int h = 0; h < nhooks; h++) {
       const tsr_grad_hook *hook = tsr_registry_grad_hook_at(reg, h);
       tsr_breadcrumb_saved crumb = tsr_breadcrumb_enter(tsr_registry_grad_hook_owner(reg, h),
@@ -383,6 +364,7 @@ static tsr_status hooks_ready(tsr_tape_t *t, const tsr_registry_t *reg, int nhoo
         return tsr_error_prefix(st, "gradient hook %s on %s", hook->name,
                                 uses[*next].v->name ? uses[*next].v->name : "(unnamed)");
     }
+  }
   return TSR_OK;
 }
 
@@ -474,7 +456,7 @@ tsr_status tsr_var_resolve_grad(tsr_tape_t *t, tsr_var *v) {
   const tsr_dtensor *x = v->value;
   if (!v->grad)
     return tsr_dtensor_zeros(t->r, x->mesh, x->dtype, x->ndim, x->shape, x->placements, &v->grad);
-  if (same_layout(v->grad, x)) return TSR_OK;
+  if (same_layout(v->grad, x)) return unshare_grad(t, v);
   tsr_dtensor *g = NULL;
   TSR_CHECK(tsr_dtensor_redistribute(t->r, v->grad, x->mesh, x->placements, &g));
   tsr_dtensor_free(v->grad);
@@ -510,12 +492,14 @@ static tsr_status split_run(tsr_tape_t *t, tape_node *node, bool mask_act) {
   tsr_status st = TSR_OK;
   for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
     if (node->remat[j] && !node->inputs[j]->value->local)
-      st = rebuild_local(t, node->inputs[j], node->remat[j]);
+      st = tsr_tape_rebuild_local(t, node->inputs[j], node->remat[j]);
+  if (st == TSR_OK) st = tsr_tape_recompute_inputs(t, node);
   if (st == TSR_OK) st = run_backward(t, node);
   for (int j = 0; j < node->ninputs; j++) {
-    if (node->remat[j]) drop_local(node->inputs[j]);
+    if (node->remat[j]) tsr_tape_drop_local(node->inputs[j]);
     if (masked[j]) node->inputs[j]->requires_grad = true;
   }
+  tsr_tape_recompute_release(t, node);
   if (st != TSR_OK)
     return tsr_error_prefix(st, "%s backward of '%s'", mask_act ? "weight" : "input", node->op);
   return TSR_OK;

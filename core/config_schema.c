@@ -146,12 +146,13 @@ const tsr_schema_entry tsr_schema[] = {
     XKEY_FLOAT("model", "router_aux_loss_coef", model.router_aux_loss_coef, "0.001", 0, 1e3,
                "weight of the load-balancing loss added to the training loss"),
     XKEY_ENUM("model", "activation_checkpointing", model_memory.activation_checkpointing, "none",
-              "none|full",
-              "full: a layer keeps only its input and is recomputed in the backward (same "
-              "results, less memory, one more forward)"),
+              "none|full|selective",
+              "full: a layer keeps only its input and is recomputed in the backward (one more "
+              "forward); selective: a layer keeps its GEMM and attention outputs and recomputes "
+              "its norms, RoPE and SwiGLU in the backward. Both give the same results as none"),
     XKEY_INT("model", "checkpoint_every", model_memory.checkpoint_every, "1", 1, 1000,
-             "with activation_checkpointing = full, layer l (from 0) is recomputed when "
-             "(l + 1) % checkpoint_every == 0"),
+             "with activation_checkpointing = full or selective, layer l (from 0) is "
+             "checkpointed when (l + 1) % checkpoint_every == 0"),
 
     KEY_STRING("data", "source", data.source, "synthetic",
                "synthetic | text:PATH | tokens:PATH | safetensors:PATH (input_ids, labels)"),

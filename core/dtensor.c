@@ -203,6 +203,35 @@ tsr_status tsr_dtensor_uninit(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype d
   return dtensor_make(r, mesh, dt, ndim, shape, placements, false, out);
 }
 
+tsr_status tsr_dtensor_alias(tsr_rank_t *r, const tsr_dtensor *x, int ndim, const int64_t *shape,
+                             const tsr_placement *p, tsr_dtensor **out) {
+  TSR_CHECK(dtensor_alloc(x->mesh, ndim, shape, x->dtype, p, out));
+  int64_t lshape[TSR_MAX_DIMS], n = 1;
+  if (!x->local || !tsr_dtensor_local_shape(x->mesh, p, ndim, shape, tsr_rank_id(r), lshape, NULL))
+    return TSR_OK;
+  for (int d = 0; d < ndim; d++) n *= lshape[d];
+  tsr_status st = TSR_OK;
+  if (n != tsr_tensor_numel(x->local)) {
+    char a[128], b[128];
+    st = TSR_ERROR(TSR_EINTERNAL, "alias of a local %s as %s: element counts differ",
+                   tsr_shape_str(x->local->ndim, x->local->shape, a, sizeof a),
+                   tsr_shape_str(ndim, lshape, b, sizeof b));
+  } else if (tsr_tensor_is_contiguous(x->local)) {
+    st = tsr_tensor_reshape(x->local, ndim, lshape, &(*out)->local);
+  } else {
+    st = tsr_tensor_new_uninit(tsr_rank_allocator(r), x->dtype, ndim, lshape, &(*out)->local);
+    tsr_tensor *v = NULL;
+    if (st == TSR_OK) st = tsr_tensor_reshape((*out)->local, x->local->ndim, x->local->shape, &v);
+    if (st == TSR_OK) st = tsr_tensor_copy(v, x->local);
+    tsr_tensor_free(v);
+  }
+  if (st != TSR_OK) {
+    tsr_dtensor_free(*out);
+    *out = NULL;
+  }
+  return st;
+}
+
 tsr_status tsr_dtensor_clone(tsr_rank_t *r, const tsr_dtensor *x, tsr_dtensor **out) {
   TSR_CHECK(dtensor_alloc(x->mesh, x->ndim, x->shape, x->dtype, x->placements, out));
   if (!x->local) return TSR_OK;

@@ -78,6 +78,18 @@ static tsr_status rope_doc_backward(tsr_tape_t *t, tsr_var *const *in, int nin, 
   return tsr_var_accumulate_grad(t, in[0], dx);
 }
 
+static tsr_status rope_doc_recompute(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *out,
+                                     void *saved) {
+  (void)t, (void)nin;
+  tsr_op_saved_plan *s = saved;
+  const tsr_dtensor *xv = in[0]->value;
+  if (!xv->local) return TSR_OK;
+  const int64_t *ls = xv->local->shape;
+  tsr_op_kernels(xv)->rope_forward(fdata(out->value), fdata(xv), data(s->aux), data(s->aux2), 1,
+                                   (int)(ls[0] * ls[1]), (int)ls[2], (int)ls[3]);
+  return TSR_OK;
+}
+
 static tsr_status rope_doc_forward(tsr_tape_t *t, tsr_var *x, tsr_var *pos, float theta,
                                    tsr_var **out) {
   TSR_CHECK(tsr_op_check(TSR_OP_ROPE_DOC, "x", x, TSR_F32, 4));
@@ -116,8 +128,10 @@ static tsr_status rope_doc_forward(tsr_tape_t *t, tsr_var *x, tsr_var *pos, floa
     tsr_op_saved_free(s);
     return st;
   }
-  return tsr_tape_record(t, TSR_OP_ROPE_DOC, in, 2, out, 1, rope_doc_backward, s,
-                         tsr_op_saved_free);
+  TSR_CHECK(
+      tsr_tape_record(t, TSR_OP_ROPE_DOC, in, 2, out, 1, rope_doc_backward, s, tsr_op_saved_free));
+  tsr_tape_mark_recomputable(t, *out, rope_doc_recompute);
+  return TSR_OK;
 }
 
 tsr_status tsr_op_rope_doc(tsr_tape_t *t, tsr_var *x, tsr_var *pos, float theta, tsr_var **out) {

@@ -66,6 +66,18 @@ tsr_status tsr_op_grad_of(tsr_tape_t *t, const tsr_var *out, const tsr_placement
 /* The placements a gradient of a value placed `p` arrives with: Partial becomes Replicate. */
 void tsr_op_grad_placements(const tsr_mesh_t *m, const tsr_placement *p, tsr_placement *out);
 
+/* Selective activation checkpointing (tsr_tape_set_selective, tape_recompute.c): writes the
+ * output's local tensor (allocated, not zeroed) again from the node's inputs and saved state,
+ * exactly as the op's forward did. */
+typedef tsr_status (*tsr_recompute_fn)(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *out,
+                                       void *saved);
+/* Marks `out`, the one output of the node just recorded, recomputable when the tape is
+ * selective; a no-op otherwise. For an op's local path only: a recompute runs no collective. */
+void tsr_tape_mark_recomputable(tsr_tape_t *t, tsr_var *out, tsr_recompute_fn fn);
+/* Makes the local tensors of `in` that selective checkpointing released again, for a forward op
+ * that reads them after the tape stopped being selective. */
+tsr_status tsr_tape_materialize(tsr_tape_t *t, tsr_var *const *in, int n);
+
 /* The core's generic rule for op on mesh dim `dim` (ops_rules.c): true and the placements set
  * when one applies. */
 bool tsr_op_generic_rule(const char *op, tsr_var *const *in, int nin, int dim,

@@ -106,6 +106,18 @@ static tsr_status rmsnorm_backward(tsr_tape_t *t, tsr_var *const *in, int nin, t
   return st;
 }
 
+static tsr_status rmsnorm_recompute(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *out,
+                                    void *saved) {
+  tsr_op_saved_plan *s = saved;
+  const tsr_dtensor *xv = in[0]->value;
+  if (!xv->local) return TSR_OK;
+  int64_t rows = tsr_op_rows(xv->local);
+  tsr_op_kernels(out->value)
+      ->rmsnorm_forward(fdata(out->value), tsr_tensor_data(s->aux), fdata(xv), fdata(in[1]->value),
+                        (int)rows, (int)xv->local->shape[xv->ndim - 1], s->eps);
+  return TSR_OK;
+}
+
 static tsr_status rmsnorm_forward(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps,
                                   tsr_var **out) {
   TSR_CHECK(tsr_op_check("rmsnorm", "x", x, TSR_F32, -1));
@@ -141,7 +153,9 @@ static tsr_status rmsnorm_forward(tsr_tape_t *t, tsr_var *x, tsr_var *weight, fl
                           fdata(weight->value), (int)rows, (int)xv->local->shape[xv->ndim - 1],
                           eps);
   }
-  return tsr_tape_record(t, "rmsnorm", in, 2, out, 1, rmsnorm_backward, s, tsr_op_saved_free);
+  TSR_CHECK(tsr_tape_record(t, "rmsnorm", in, 2, out, 1, rmsnorm_backward, s, tsr_op_saved_free));
+  tsr_tape_mark_recomputable(t, *out, rmsnorm_recompute);
+  return TSR_OK;
 }
 
 tsr_status tsr_op_rmsnorm(tsr_tape_t *t, tsr_var *x, tsr_var *weight, float eps, tsr_var **out) {
@@ -267,6 +281,18 @@ static tsr_status rope_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_
   return tsr_var_accumulate_grad(t, x, dx);
 }
 
+static tsr_status rope_recompute(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *out,
+                                 void *saved) {
+  tsr_op_saved_plan *s = saved;
+  const tsr_dtensor *xv = in[0]->value;
+  if (!xv->local) return TSR_OK;
+  const int64_t *ls = xv->local->shape;
+  tsr_op_kernels(out->value)
+      ->rope_forward(fdata(out->value), fdata(xv), tsr_tensor_data(s->aux),
+                     tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
+  return TSR_OK;
+}
+
 static tsr_status rope_forward(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
   TSR_CHECK(tsr_op_check("rope", "x", x, TSR_F32, 4));
   if (x->value->shape[3] % 2)
@@ -293,7 +319,9 @@ static tsr_status rope_forward(tsr_tape_t *t, tsr_var *x, float theta, tsr_var *
         ->rope_forward(fdata((*out)->value), fdata(x->value), tsr_tensor_data(s->aux),
                        tsr_tensor_data(s->aux2), (int)ls[0], (int)ls[1], (int)ls[2], (int)ls[3]);
   }
-  return tsr_tape_record(t, "rope", &x, 1, out, 1, rope_backward, s, tsr_op_saved_free);
+  TSR_CHECK(tsr_tape_record(t, "rope", &x, 1, out, 1, rope_backward, s, tsr_op_saved_free));
+  tsr_tape_mark_recomputable(t, *out, rope_recompute);
+  return TSR_OK;
 }
 
 tsr_status tsr_op_rope(tsr_tape_t *t, tsr_var *x, float theta, tsr_var **out) {
@@ -328,6 +356,15 @@ static tsr_status swiglu_backward(tsr_tape_t *t, tsr_var *const *in, int nin, ts
   return st;
 }
 
+static tsr_status swiglu_recompute(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *out,
+                                   void *saved) {
+  if (out->value->local)
+    tsr_op_kernels(out->value)
+        ->swiglu_forward(fdata(out->value), fdata(in[0]->value), fdata(in[1]->value),
+                         tsr_tensor_numel(out->value->local));
+  return TSR_OK;
+}
+
 static tsr_status swiglu_forward(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out) {
   TSR_CHECK(tsr_op_check("swiglu", "gate", gate, TSR_F32, -1));
   TSR_CHECK(tsr_op_check("swiglu", "up", up, TSR_F32, gate->value->ndim));
@@ -349,7 +386,9 @@ static tsr_status swiglu_forward(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_
                          tsr_tensor_numel((*out)->value->local));
   tsr_op_saved_plan *s;
   TSR_CHECK(tsr_op_saved_new(&plan, &s));
-  return tsr_tape_record(t, "swiglu", in, 2, out, 1, swiglu_backward, s, tsr_op_saved_free);
+  TSR_CHECK(tsr_tape_record(t, "swiglu", in, 2, out, 1, swiglu_backward, s, tsr_op_saved_free));
+  tsr_tape_mark_recomputable(t, *out, swiglu_recompute);
+  return TSR_OK;
 }
 
 tsr_status tsr_op_swiglu(tsr_tape_t *t, tsr_var *gate, tsr_var *up, tsr_var **out) {

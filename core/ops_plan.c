@@ -29,6 +29,7 @@ tsr_status tsr_op_check(const char *op, const char *role, const tsr_var *v, tsr_
 tsr_status tsr_op_plan(tsr_tape_t *t, const char *op, tsr_var *const *inputs, int ninputs,
                        int noutputs, tsr_op_placements *plan) {
   memset(plan, 0, sizeof *plan);
+  TSR_CHECK(tsr_tape_materialize(t, inputs, ninputs));
   const tsr_mesh_t *m = mesh_of(inputs[0]);
   for (int j = 1; j < ninputs; j++)
     if (!tsr_mesh_equal(mesh_of(inputs[j]), m)) {
@@ -139,11 +140,12 @@ void tsr_op_saved_free(void *p) {
   free(s);
 }
 
-/* Accumulates a copy of `g` into v's gradient. */
-static tsr_status accumulate_copy(tsr_tape_t *t, tsr_var *v, const tsr_dtensor *g) {
+/* Accumulates `g` into v's gradient, sharing its storage: the sum into it is copy-on-write
+ * (tsr_var_accumulate_grad), so both inputs of an add take its output's gradient as it is. */
+static tsr_status accumulate_alias(tsr_tape_t *t, tsr_var *v, const tsr_dtensor *g) {
   if (!v->requires_grad) return TSR_OK;
   tsr_dtensor *c = NULL;
-  TSR_CHECK(tsr_dtensor_clone(tsr_tape_rank(t), g, &c));
+  TSR_CHECK(tsr_dtensor_alias(tsr_tape_rank(t), g, g->ndim, g->shape, g->placements, &c));
   return tsr_var_accumulate_grad(t, v, c);
 }
 
@@ -156,8 +158,8 @@ static tsr_status add_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_v
   const tsr_dtensor *g;
   tsr_dtensor *owned;
   TSR_CHECK(tsr_op_grad_of(t, out[0], want, &g, &owned));
-  tsr_status st = accumulate_copy(t, in[0], g);
-  if (st == TSR_OK) st = accumulate_copy(t, in[1], g);
+  tsr_status st = accumulate_alias(t, in[0], g);
+  if (st == TSR_OK) st = accumulate_alias(t, in[1], g);
   tsr_dtensor_free(owned);
   return st;
 }
@@ -221,20 +223,12 @@ static tsr_status view_placements(const tsr_dtensor *x, int ndim, const int64_t 
   return TSR_OK;
 }
 
+/* The view shares x's storage: a split or merge of heads moves no data. */
 static tsr_status view_to(tsr_tape_t *t, const tsr_dtensor *x, int ndim, const int64_t *shape,
                           tsr_dtensor **out) {
   tsr_placement p[TSR_MAX_MESH_DIMS];
   TSR_CHECK(view_placements(x, ndim, shape, p));
-  TSR_CHECK(tsr_dtensor_zeros(tsr_tape_rank(t), x->mesh, x->dtype, ndim, shape, p, out));
-  if (!x->local) return TSR_OK;
-  if (tsr_tensor_numel((*out)->local) != tsr_tensor_numel(x->local)) {
-    tsr_dtensor_free(*out);
-    *out = NULL;
-    return TSR_ERROR(TSR_EINTERNAL, "view: local sizes disagree");
-  }
-  tsr_kernel_table_of(x->local)->copy_d2d(tsr_tensor_data((*out)->local), tsr_tensor_data(x->local),
-                                          tsr_tensor_nbytes(x->local));
-  return TSR_OK;
+  return tsr_dtensor_alias(tsr_tape_rank(t), x, ndim, shape, p, out);
 }
 
 static tsr_status view_backward(tsr_tape_t *t, tsr_var *const *in, int nin, tsr_var *const *out,
@@ -255,6 +249,7 @@ tsr_status tsr_op_view(tsr_tape_t *t, tsr_var *x, int ndim, const int64_t *shape
                      tsr_shape_str(ndim, shape, s2, sizeof s2), (long long)b);
   }
   tsr_dtensor *y = NULL;
+  TSR_CHECK(tsr_tape_materialize(t, &x, 1));
   TSR_CHECK(view_to(t, x->value, ndim, shape, &y));
   tsr_status st = tsr_tape_new_var(t, y, out);
   if (st != TSR_OK) {
@@ -283,6 +278,7 @@ static tsr_status redistribute_backward(tsr_tape_t *t, tsr_var *const *in, int n
 tsr_status tsr_op_redistribute(tsr_tape_t *t, tsr_var *x, const tsr_mesh_t *mesh,
                                const tsr_placement *placements, tsr_var **out) {
   tsr_dtensor *y = NULL;
+  TSR_CHECK(tsr_tape_materialize(t, &x, 1));
   TSR_CHECK(tsr_dtensor_redistribute(tsr_tape_rank(t), x->value, mesh, placements, &y));
   TSR_CHECK(tsr_tape_new_var(t, y, out));
   (*out)->name = x->name;

@@ -229,6 +229,10 @@ static tsr_status view_of(const tsr_tensor *t, tsr_tensor **out) {
   return TSR_OK;
 }
 
+bool tsr_tensor_is_shared(const tsr_tensor *t) {
+  return atomic_load(&t->storage->refs) > 1;
+}
+
 int64_t tsr_tensor_numel(const tsr_tensor *t) {
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) n *= t->shape[d];

@@ -15,4 +15,15 @@ tsr_status tsr_dtensor_uninit(tsr_rank_t *r, const tsr_mesh_t *mesh, tsr_dtype d
                               const int64_t *shape, const tsr_placement *placements,
                               tsr_dtensor **out);
 
+/* Whether another view holds t's storage too: a buffer someone else may still read, so that a
+ * sum into it must go to a new buffer instead (copy on write). */
+bool tsr_tensor_is_shared(const tsr_tensor *t);
+
+/* A DTensor of global `shape` and placements `p` over x's local storage, reshaped to the local
+ * shape those give (no copy; a copy when x's local is not contiguous). The element count of
+ * the local tensors must agree (TSR_EINTERNAL otherwise). Writes through either are seen by
+ * both: for values nobody writes again and for gradients summed copy-on-write. */
+tsr_status tsr_dtensor_alias(tsr_rank_t *r, const tsr_dtensor *x, int ndim, const int64_t *shape,
+                             const tsr_placement *p, tsr_dtensor **out);
+
 #endif

@@ -49,6 +49,16 @@ TSR_API bool tsr_tape_recording(const tsr_tape_t *t);
  * whose leaves the outer tape's hooks already hear of. On by default. */
 TSR_API void tsr_tape_set_hooks(tsr_tape_t *t, bool on);
 TSR_API int tsr_tape_node_count(const tsr_tape_t *t);
+/* Since ABI 1.4. Selective activation checkpointing. While on, the outputs of the element-wise
+ * ops the core computes on each rank's local tensors (rmsnorm, rope, rope_doc, swiglu; not one
+ * a plugin's rule computes) are recomputable; turning it off releases their local tensors, so
+ * that the tape keeps the GEMMs' and attention's outputs and the inputs these ops need. A
+ * backward that reads a released value runs the op's kernel again on the same inputs first (the
+ * same bits) and releases it again once the node that made it has been differentiated; a
+ * forward op that reads one makes it again too. A recompute never communicates. A model turns
+ * it on for a layer and off at the layer's end. Off by default. */
+TSR_API void tsr_tape_set_selective(tsr_tape_t *t, bool on);
+TSR_API bool tsr_tape_selective(const tsr_tape_t *t);
 
 /* A leaf holding `value` (ownership moves to the var). Free with tsr_var_free. */
 TSR_API tsr_status tsr_var_new_leaf(tsr_dtensor *value, bool requires_grad, const char *name,

@@ -169,6 +169,7 @@ typedef enum tsr_on_nonfinite {
 typedef enum tsr_activation_checkpointing {
   TSR_ACT_CKPT_NONE = 0, /* keep every activation the backward needs */
   TSR_ACT_CKPT_FULL = 1, /* keep a layer's input only and recompute the layer in the backward */
+  TSR_ACT_CKPT_SELECTIVE = 2, /* keep GEMM and attention outputs, recompute element-wise ops */
 } tsr_activation_checkpointing;
 
 typedef enum tsr_data_mask {
@@ -204,9 +205,9 @@ typedef struct tsr_config_ext {
     int64_t keep_last;       /* newest folders kept; 0 = every one */
   } checkpoint;
   struct {
-    /* [model] activation checkpointing: "none|full", whose indices are these values */
+    /* [model] activation checkpointing: "none|full|selective", whose indices are these values */
     tsr_activation_checkpointing activation_checkpointing;
-    int64_t checkpoint_every; /* with full: layer l is recomputed when (l + 1) % every == 0 */
+    int64_t checkpoint_every; /* full or selective applies to layer l when (l + 1) % every == 0 */
   } model_memory;
   struct {
     /* [data] mask: "causal|document", whose indices are these values (docs/data.md) */

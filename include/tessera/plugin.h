@@ -12,7 +12,8 @@
  *     ops or module styles a plugin may use (1.2: the mixture-of-experts ops and the "experts"
  *     style; 1.3: the document-masking ops rope_doc and sdpa_doc and the attention kernels with
  *     segment ids, whose rules a plugin of an older minor cannot have, so a document-masked job
- *     refuses its sdpa rules by name); a plugin that uses them needs a core of that minor or
+ *     refuses its sdpa rules by name; 1.4: selective activation checkpointing on the tape,
+ *     tsr_tape_set_selective); a plugin that uses them needs a core of that minor or
  *     newer, and an older core refuses it at load (dlopen with RTLD_NOW finds the symbol
  *     missing). Fields are only ever appended at the end (after `reserved`), and a reserved
  *     slot may be given a meaning only when zero keeps the old behaviour. A core reads an

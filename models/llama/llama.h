@@ -38,10 +38,13 @@ typedef struct tsr_llama_config {
   int num_experts_per_tok;    /* top-k */
   int decoder_sparse_step;    /* 0 or 1: every layer */
   float router_aux_loss_coef; /* load-balancing loss weight, added to the loss when > 0 */
-  /* Activation checkpointing: layer l keeps only its input in the forward and is recomputed in
-   * the backward when checkpoint_every > 0 and (l + 1) % checkpoint_every == 0; 0: none. The
-   * results are bit-identical to none. */
+  /* Activation checkpointing of layer l when checkpoint_every > 0 and (l + 1) %
+   * checkpoint_every == 0; 0: none. Full: the layer keeps only its input in the forward and is
+   * recomputed in the backward. Selective (checkpoint_selective): it keeps its GEMMs' and
+   * attention's outputs, and its norms, RoPE and SwiGLU are recomputed (tsr_tape_set_selective).
+   * The results are bit-identical to none. */
   int checkpoint_every;
+  bool checkpoint_selective;
 } tsr_llama_config;
 
 typedef struct tsr_llama_t tsr_llama_t;

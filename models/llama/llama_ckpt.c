@@ -1,5 +1,9 @@
 /* Activation checkpointing of the Llama model's layers (docs/training.md).
  *
+ * Selective checkpointing is the tape's (tsr_tape_set_selective): the layer runs as it is with
+ * the tape selective, which releases the element-wise ops' outputs at the layer's end. Full
+ * checkpointing is this file's:
+ *
  * A checkpointed layer runs its forward on a tape that records nothing, keeps its input and
  * outputs, and stands on the tape as one node whose backward runs the layer again on a tape of
  * its own, recording, and differentiates that. The same ops on the same values give the same
@@ -129,7 +133,12 @@ cleanup:
 tsr_status llama_decoder_layer(tsr_llama_t *m, tsr_tape_t *t, int l, tsr_var *h, tsr_var **stats,
                                tsr_var **out) {
   int every = m->cfg.checkpoint_every;
-  if (every > 0 && (l + 1) % every == 0 && tsr_tape_recording(t))
-    return ckpt_layer(m, t, l, h, stats, out);
-  return llama_layer_ops(m, t, &m->layers[l], h, stats, out);
+  bool chosen = every > 0 && (l + 1) % every == 0 && tsr_tape_recording(t);
+  if (chosen && !m->cfg.checkpoint_selective) return ckpt_layer(m, t, l, h, stats, out);
+  if (!chosen || tsr_tape_selective(t)) return llama_layer_ops(m, t, &m->layers[l], h, stats, out);
+  /* selective: the layer's output is an add's, never released, so the next layer reads it */
+  tsr_tape_set_selective(t, true);
+  tsr_status st = llama_layer_ops(m, t, &m->layers[l], h, stats, out);
+  tsr_tape_set_selective(t, false);
+  return st;
 }

@@ -97,20 +97,23 @@ MESHES
     "$bin" compare "emu_$1.st" "$1_$2.st" --rtol 0 --atol 0 >"emu_$1.cmp" 2>&1 ||
       die "emu $1 differs from the CPU: $(tail -2 "emu_$1.cmp")"
   done
-  # activation checkpointing recomputes each layer in the backward, documents and all: bit for
-  # bit the step without it, on one rank and under pipelines whose backwards run out of order
-  for m in "dp 1 dp" "pp 2 pp zero_bubble"; do
+  # activation checkpointing recomputes each layer (full) or its RoPE at document positions,
+  # norms and SwiGLU (selective) in the backward: bit for bit the step without it, on one rank,
+  # on the ring and under pipelines whose backwards run out of order
+  for m in "dp 1 dp" "ring_cp 2 cp_ring" "pp 2 pp zero_bubble"; do
     # shellcheck disable=SC2086 # three or four words: dim, size, plugin, schedule
     set -- $m
     "$bin" run job.ini --no-peak --set "mesh.dims=$1" --set "mesh.shape=$2" --set "plugins.load=$3" \
       ${4:+--set strategy.pp.schedule=$4 --set strategy.pp.microbatches=4} --dump "ac_$1.st" \
       >"ac_$1.log" 2>&1 || die "$1 = $2: $(tail -2 "ac_$1.log")"
-    "$bin" run job.ini --no-peak --set "mesh.dims=$1" --set "mesh.shape=$2" --set "plugins.load=$3" \
-      ${4:+--set strategy.pp.schedule=$4 --set strategy.pp.microbatches=4} \
-      --set model.activation_checkpointing=full --dump "ac_$1_full.st" >"ac_$1_full.log" 2>&1 ||
-      die "$1 = $2, checkpointed: $(tail -2 "ac_$1_full.log")"
-    "$bin" compare "ac_$1_full.st" "ac_$1.st" --rtol 0 --atol 0 >"ac_$1.cmp" 2>&1 ||
-      die "activation checkpointing changes the document-masked step on $1 = $2: $(tail -2 "ac_$1.cmp")"
+    for mode in full selective; do
+      "$bin" run job.ini --no-peak --set "mesh.dims=$1" --set "mesh.shape=$2" --set "plugins.load=$3" \
+        ${4:+--set strategy.pp.schedule=$4 --set strategy.pp.microbatches=4} \
+        --set model.activation_checkpointing=$mode --dump "ac_$1_$mode.st" >"ac_$1_$mode.log" 2>&1 ||
+        die "$1 = $2, checkpointed ($mode): $(tail -2 "ac_$1_$mode.log")"
+      "$bin" compare "ac_$1_$mode.st" "ac_$1.st" --rtol 0 --atol 0 >"ac_$1.cmp" 2>&1 ||
+        die "activation checkpointing ($mode) changes the document-masked step on $1 = $2: $(tail -2 "ac_$1.cmp")"
+    done
   done
   # MoE layers with expert parallelism beside the ring: the router and experts see the same
   # tokens whatever the mask; attention is the ring's with segment ids

@@ -51,10 +51,11 @@ add_test(NAME e2e_set_strategy_unloaded
 set_tests_properties(e2e_set_strategy_unloaded PROPERTIES LABELS e2e
   PASS_REGULAR_EXPRESSION "\\[strategy\\.tpp\\] is set but plugin 'tpp' is not in \\[plugins\\] load.*exit=2")
 
-# Activation checkpointing is bit-identical to none on 12 meshes (act_ckpt.sh), MoE and ep among
+# Activation checkpointing, full and selective, is bit-identical to none on 14 meshes
+# (act_ckpt.sh), MoE, ep, FSDP and the zero-bubble schedule among
 # them, and lowers each rank's peak.
 add_test(NAME e2e_activation_checkpointing
   COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/act_ckpt.sh ${TESSERA_BIN}
           ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${E2E_OUT}/act_ckpt)
-set_tests_properties(e2e_activation_checkpointing PROPERTIES LABELS e2e TIMEOUT 600
-  PASS_REGULAR_EXPRESSION "activation checkpointing: 1[2-9] meshes, 0 failed")
+set_tests_properties(e2e_activation_checkpointing PROPERTIES LABELS e2e TIMEOUT 900
+  PASS_REGULAR_EXPRESSION "activation checkpointing: 1[4-9] meshes, 0 failed")

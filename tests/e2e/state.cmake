@@ -33,7 +33,7 @@ set_tests_properties(e2e_plan_parameters PROPERTIES LABELS e2e
 # The per-rank peak `tessera plan` predicts (state + activations, from shapes, placements and
 # the pipeline schedule) against the allocator peak `tessera run` measures, within 10 %, on 30
 # meshes of the mesh matrix's job covering every plugin, for each checkpointing mode.
-foreach(mode none full)
+foreach(mode none full selective)
   add_test(NAME e2e_act_mem_${mode}
     COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/act_mem.sh ${TESSERA_BIN}
             ${CMAKE_CURRENT_SOURCE_DIR}/jobs/mesh_matrix.ini ${mode})
