@@ -149,8 +149,10 @@ void tsr_app_crash_thread_end(void *stack) {
 
 void tsr_app_crash_install(const char *prog) {
   crash_prog = prog;
-  (void)tsr_breadcrumb_here();        /* resolved now, not first inside the handler */
-  (void)tsr_app_crash_thread_begin(); /* the main thread's, kept for the process's life */
+  (void)tsr_breadcrumb_here(); /* resolved now, not first inside the handler */
+  /* the main thread's, kept for the process's life (held here, so it is not a leak) */
+  static void *main_stack;
+  if (!main_stack) main_stack = tsr_app_crash_thread_begin();
   struct sigaction sa;
   sa.sa_sigaction = on_fatal;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;

@@ -413,7 +413,8 @@ static int moe(sim *s, stape *t, int x) {
    * four row buffers. Rows received assume an even routing. */
   bump(s, T * C * F32 + 3 * M * C * F32);
   int y = OP(s, t, T * C * F32, 2 * M * C * F32 + M * 2 * I * F32, x, combine, w13, w2);
-  t->n[t->nn - 1].bwd_ws = 4 * M * C * F32;
+  /* recorded only on a recording tape (not in a checkpointed layer's first forward) */
+  if (t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].bwd_ws = 4 * M * C * F32;
   return y;
 }
 
@@ -431,7 +432,8 @@ static void layer_ops(sim *s, stape *t, int l, int h, int *out) {
  * freed at once, and one node that keeps a copy of the output). */
 static int decoder_layer(sim *s, stape *t, int l, int h) {
   int out;
-  if (!(s->every > 0 && (l + 1) % s->every == 0)) {
+  /* as the model: a tape that records nothing (mode = forward) checkpoints nothing */
+  if (!(s->every > 0 && (l + 1) % s->every == 0) || !s->recording) {
     layer_ops(s, t, l, h, &out);
     return out;
   }
