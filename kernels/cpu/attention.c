@@ -118,27 +118,128 @@ static tile_mask tile_of(const attn_args *a, int64_t b, int i0, int nq, int j0, 
   return TILE_SOME;
 }
 
-/* Sets the invisible entries of batch row b's (nq, nk) score tile to -inf. */
-static void mask_tile(float *s, const attn_args *a, int64_t b, int i0, int nq, int j0, int nk) {
-  const int32_t *qg = a->q_seg ? a->q_seg + b * a->Lq : NULL;
-  const int32_t *kg = a->k_seg ? a->k_seg + b * a->Lk : NULL;
+/* Sets the invisible entries of batch row b's (nq, nk) score tile to -inf. The key positions are
+ * gathered first so that each row's comparisons are one vectorised select. */
+TSR_VECTOR_CLONES static void mask_tile(float *restrict s, const attn_args *a, int64_t b, int i0,
+                                        int nq, int j0, int nk) {
+  const int32_t *qg = a->q_seg ? a->q_seg + b * a->Lq + i0 : NULL;
+  const int32_t *kg = a->k_seg ? a->k_seg + b * a->Lk + j0 : NULL;
+  int32_t kp[TSR_ATTN_BLOCK], khi = INT32_MIN;
+  for (int j = 0; j < nk; j++) {
+    kp[j] = pos_at(a->k_pos, j0 + j);
+    khi = kp[j] > khi ? kp[j] : khi;
+  }
   for (int i = 0; i < nq; i++) {
     int32_t qp = pos_at(a->q_pos, i0 + i);
-    float *si = s + (int64_t)i * nk;
-    if (a->causal)
-      for (int j = 0; j < nk; j++)
-        if (pos_at(a->k_pos, j0 + j) > qp) si[j] = -INFINITY;
-    if (qg)
-      for (int j = 0; j < nk; j++)
-        if (kg[j0 + j] != qg[i0 + i]) si[j] = -INFINITY;
+    float *restrict si = s + (int64_t)i * nk;
+    if (a->causal && khi > qp)
+      for (int j = 0; j < nk; j++) si[j] = kp[j] > qp ? -INFINITY : si[j];
+    if (qg) {
+      int32_t g = qg[i];
+      for (int j = 0; j < nk; j++) si[j] = kg[j] != g ? -INFINITY : si[j];
+    }
   }
 }
 
+/* Lanes of the row reductions: fixed, so that the order of the additions (and the result) is the
+ * same in both clones and on every machine, and wide enough (two AVX2 vectors) for the compiler to
+ * vectorise them; an in-order sum over a row is a chain of dependent scalar adds. */
+#define TSR_ATTN_LANES 16
+
+/* Largest of s[0..n). */
+static inline float row_max(const float *restrict s, int n) {
+  float mx[TSR_ATTN_LANES];
+  for (int k = 0; k < TSR_ATTN_LANES; k++) mx[k] = -INFINITY;
+  int j = 0;
+  for (; j + TSR_ATTN_LANES <= n; j += TSR_ATTN_LANES)
+    for (int k = 0; k < TSR_ATTN_LANES; k++) mx[k] = s[j + k] > mx[k] ? s[j + k] : mx[k];
+  float r = -INFINITY;
+  for (; j < n; j++) r = s[j] > r ? s[j] : r;
+  for (int k = 0; k < TSR_ATTN_LANES; k++) r = mx[k] > r ? mx[k] : r;
+  return r;
+}
+
+/* s[j] = exp(s[j] − m) for j < n (masked entries, -inf, give 0); returns their sum. */
+static inline float exp_sum(float *restrict s, int n, float m) {
+  float acc[TSR_ATTN_LANES] = {0};
+  int j = 0;
+  for (; j + TSR_ATTN_LANES <= n; j += TSR_ATTN_LANES)
+    for (int k = 0; k < TSR_ATTN_LANES; k++) {
+      float p = tsr_exp_neg(s[j + k] - m);
+      s[j + k] = p;
+      acc[k] += p;
+    }
+  float r = 0.0f;
+  for (; j < n; j++) {
+    float p = tsr_exp_neg(s[j] - m);
+    s[j] = p;
+    r += p;
+  }
+  for (int k = 0; k < TSR_ATTN_LANES; k++) r += acc[k];
+  return r;
+}
+
+/* Σ_d x[d] · y[d]. */
+static inline float dot(const float *restrict x, const float *restrict y, int n) {
+  float acc[TSR_ATTN_LANES] = {0};
+  int d = 0;
+  for (; d + TSR_ATTN_LANES <= n; d += TSR_ATTN_LANES)
+    for (int k = 0; k < TSR_ATTN_LANES; k++) acc[k] += x[d + k] * y[d + k];
+  float r = 0.0f;
+  for (; d < n; d++) r += x[d] * y[d];
+  for (int k = 0; k < TSR_ATTN_LANES; k++) r += acc[k];
+  return r;
+}
+
+/* 8 × 8 blocks of the transpose go through registers: element by element, every store of a column
+ * lands on another cache line, and the transposes cost about a quarter of a tile's GEMM time. */
+#if defined(__GNUC__) && !defined(__clang__)
+typedef float tsr_v8 __attribute__((vector_size(32)));
+typedef int32_t tsr_v8i __attribute__((vector_size(32)));
+
+/* y (8 rows of stride ldy) = x (8 rows of stride ldx) transposed. The shuffles are AVX's
+ * unpack, shuffle and 128-bit permute steps. */
+__attribute__((always_inline)) static inline void transpose8(float *restrict y, int64_t ldy,
+                                                             const float *restrict x, int64_t ldx) {
+  tsr_v8 r[8], t[8], u[8];
+  for (int i = 0; i < 8; i++) memcpy(&r[i], x + i * ldx, sizeof r[i]);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], (tsr_v8i){0, 8, 1, 9, 4, 12, 5, 13});
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], (tsr_v8i){2, 10, 3, 11, 6, 14, 7, 15});
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int h = 0; h < 2; h++) {
+      u[i + h] = __builtin_shuffle(t[i + h], t[i + h + 2], (tsr_v8i){0, 1, 8, 9, 4, 5, 12, 13});
+      u[i + h + 2] =
+          __builtin_shuffle(t[i + h], t[i + h + 2], (tsr_v8i){2, 3, 10, 11, 6, 7, 14, 15});
+    }
+  /* u[0..3] hold columns 0, 2, 1, 3 of rows 0-3 and 4-7 of each 128-bit half; likewise u[4..7] */
+  static const int order[4] = {0, 2, 1, 3};
+  for (int c = 0; c < 4; c++) {
+    tsr_v8 a = u[order[c]], b = u[4 + order[c]];
+    tsr_v8 lo = __builtin_shuffle(a, b, (tsr_v8i){0, 1, 2, 3, 8, 9, 10, 11});
+    tsr_v8 hi = __builtin_shuffle(a, b, (tsr_v8i){4, 5, 6, 7, 12, 13, 14, 15});
+    memcpy(y + c * ldy, &lo, sizeof lo);
+    memcpy(y + (c + 4) * ldy, &hi, sizeof hi);
+  }
+}
+#else
+static inline void transpose8(float *restrict y, int64_t ldy, const float *restrict x,
+                              int64_t ldx) {
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 8; j++) y[j * ldy + i] = x[i * ldx + j];
+}
+#endif
+
 /* kt (D, n) = x (n, D) transposed, so that every tile product is a plain NN or TN GEMM (OpenBLAS's
- * NT path is about half as fast at these sizes). */
-static void transpose(float *restrict kt, const float *restrict x, int64_t ldx, int n, int D) {
+ * NT path is slower at these sizes, and a key tile's transpose serves all its query tiles). */
+TSR_VECTOR_CLONES static void transpose(float *restrict kt, const float *restrict x, int64_t ldx,
+                                        int n, int D) {
+  int n8 = n & ~7, D8 = D & ~7;
+  for (int j = 0; j < n8; j += 8)
+    for (int d = 0; d < D8; d += 8) transpose8(kt + (int64_t)d * n + j, n, x + j * ldx + d, ldx);
   for (int j = 0; j < n; j++)
-    for (int d = 0; d < D; d++) kt[(int64_t)d * n + j] = x[(int64_t)j * ldx + d];
+    for (int d = j < n8 ? D8 : 0; d < D; d++) kt[(int64_t)d * n + j] = x[(int64_t)j * ldx + d];
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -183,8 +284,7 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
         if (tm == TILE_SOME) mask_tile(s, a, b, i0, nq, j0, nk);
         for (int i = 0; i < nq; i++) {
           float *si = s + (int64_t)i * nk;
-          float bm = -INFINITY;
-          for (int j = 0; j < nk; j++) bm = si[j] > bm ? si[j] : bm;
+          float bm = row_max(si, nk);
           if (bm == -INFINITY) { /* this row sees no key of the tile: it adds nothing */
             memset(si, 0, sizeof(float) * (size_t)nk);
             continue;
@@ -192,12 +292,7 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
           float mi = m[i0 + i], m_new = mi > bm ? mi : bm;
           /* mi == -inf before the row's first visible key: corr = 0 and acc, l are still 0. */
           float corr = tsr_exp_neg(mi - m_new);
-          float sum = 0.0f;
-          for (int j = 0; j < nk; j++) {
-            float p = tsr_exp_neg(si[j] - m_new); /* masked: exp(-inf) = 0 */
-            si[j] = p;
-            sum += p;
-          }
+          float sum = exp_sum(si, nk, m_new);
           l[i0 + i] = l[i0 + i] * corr + sum;
           m[i0 + i] = m_new;
           if (corr != 1.0f) {
@@ -305,10 +400,7 @@ TSR_VECTOR_CLONES static void backward_units(void *ctx, int64_t begin, int64_t e
       const float *lb = a->flse + (b * a->Hq + h) * Lq;
       float *dqb = a->dq + qoff;
       for (int i = 0; i < Lq; i++) {
-        const float *gi = gb + i * sq, *oi = ob + i * sq;
-        float sum = 0.0f;
-        for (int d = 0; d < D; d++) sum += gi[d] * oi[d];
-        di[i] = sum;
+        di[i] = dot(gb + i * sq, ob + i * sq, D);
       }
       for (int j0 = 0; j0 < Lk; j0 += bk) {
         int nk = Lk - j0 < bk ? Lk - j0 : bk;
