@@ -206,6 +206,7 @@ static double analytic_bytes(const run *b) {
 }
 
 int main(int argc, char **argv) {
+  tsr_kernel_blas_reexec(argv); /* the product's own setting (tessera run does the same) */
   int reps = 2, threads = 2;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc)

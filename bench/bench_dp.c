@@ -123,6 +123,7 @@ static double mib(int64_t bytes) {
 }
 
 int main(int argc, char **argv) {
+  tsr_kernel_blas_reexec(argv); /* the product's own setting (tessera run does the same) */
   int steps = 1, threads = 2, layers = 8;
   double bucket_mb = 25;
   for (int i = 1; i < argc; i++) {

@@ -108,6 +108,7 @@ static tsr_status load(int tp, bool sp, const run *b, tsr_plugin_job *out) {
 }
 
 int main(int argc, char **argv) {
+  tsr_kernel_blas_reexec(argv); /* the product's own setting (tessera run does the same) */
   int steps = 2, threads = 2;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc)

@@ -211,6 +211,7 @@ static double median(const double *v, int n) {
 }
 
 int main(int argc, char **argv) {
+  tsr_kernel_blas_reexec(argv); /* the product's own setting (tessera run does the same) */
   bench b = {
       .cfg = {.vocab_size = 8192,
               .hidden_size = 512,

@@ -56,6 +56,17 @@ TSR_API void tsr_kernel_set_threads(int n);
 /* The calling thread's hand-kernel thread count (1 until tsr_kernel_set_threads is called). */
 TSR_API int tsr_kernel_threads(void);
 
+/* Since ABI 1.4. OpenBLAS's idle worker threads spin (yielding) for 2^28 cycles, about 0.1 s,
+ * after each GEMM before they sleep, so between two GEMMs they hold cores the hand-written
+ * kernels want. OpenBLAS takes the spin from OPENBLAS_THREAD_TIMEOUT (log2 of the cycles) once,
+ * as it loads, before any code of the program runs. A program that trains calls this first in
+ * main(): when the variable is unset, it sets it to TSR_BLAS_THREAD_TIMEOUT (2^18 cycles, about
+ * 0.1 ms) and executes the program again (/proc/self/exe, the same argv and environment); it
+ * returns having done nothing when the variable is set (by the user, to keep their own, or by
+ * the first start) or when the exec fails. */
+#define TSR_BLAS_THREAD_TIMEOUT 18
+TSR_API void tsr_kernel_blas_reexec(char **argv);
+
 /* ---------------------------------------------------------------------------------------------
  * Time accounting (benchmarks)
  * ------------------------------------------------------------------------------------------- */

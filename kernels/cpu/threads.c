@@ -2,6 +2,8 @@
 #define _GNU_SOURCE /* sched_getaffinity: containers and `taskset` restrict the usable cores */
 #include <pthread.h>
 #include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -42,6 +44,15 @@ void tsr_kernel_set_threads(int n) {
 
 int tsr_kernel_threads(void) {
   return hand_threads;
+}
+
+void tsr_kernel_blas_reexec(char **argv) {
+  if (getenv("OPENBLAS_THREAD_TIMEOUT")) return;
+  char v[16];
+  snprintf(v, sizeof v, "%d", TSR_BLAS_THREAD_TIMEOUT);
+  if (setenv("OPENBLAS_THREAD_TIMEOUT", v, 1) != 0) return;
+  execv("/proc/self/exe", argv);
+  /* no exec (no /proc): go on with OpenBLAS's own spin */
 }
 
 typedef struct chunk {
