@@ -141,30 +141,12 @@ TSR_VECTOR_CLONES static void mask_tile(float *restrict s, const attn_args *a, i
   }
 }
 
-/* Lanes of the row reductions: fixed, so that the order of the additions (and the result) is the
- * same in both clones and on every machine, and wide enough (two AVX2 vectors) for the compiler to
- * vectorise them; an in-order sum over a row is a chain of dependent scalar adds. */
-#define TSR_ATTN_LANES 16
-
-/* Largest of s[0..n). */
-static inline float row_max(const float *restrict s, int n) {
-  float mx[TSR_ATTN_LANES];
-  for (int k = 0; k < TSR_ATTN_LANES; k++) mx[k] = -INFINITY;
-  int j = 0;
-  for (; j + TSR_ATTN_LANES <= n; j += TSR_ATTN_LANES)
-    for (int k = 0; k < TSR_ATTN_LANES; k++) mx[k] = s[j + k] > mx[k] ? s[j + k] : mx[k];
-  float r = -INFINITY;
-  for (; j < n; j++) r = s[j] > r ? s[j] : r;
-  for (int k = 0; k < TSR_ATTN_LANES; k++) r = mx[k] > r ? mx[k] : r;
-  return r;
-}
-
 /* s[j] = exp(s[j] − m) for j < n (masked entries, -inf, give 0); returns their sum. */
 static inline float exp_sum(float *restrict s, int n, float m) {
-  float acc[TSR_ATTN_LANES] = {0};
+  float acc[TSR_ROW_LANES] = {0};
   int j = 0;
-  for (; j + TSR_ATTN_LANES <= n; j += TSR_ATTN_LANES)
-    for (int k = 0; k < TSR_ATTN_LANES; k++) {
+  for (; j + TSR_ROW_LANES <= n; j += TSR_ROW_LANES)
+    for (int k = 0; k < TSR_ROW_LANES; k++) {
       float p = tsr_exp_neg(s[j + k] - m);
       s[j + k] = p;
       acc[k] += p;
@@ -175,19 +157,19 @@ static inline float exp_sum(float *restrict s, int n, float m) {
     s[j] = p;
     r += p;
   }
-  for (int k = 0; k < TSR_ATTN_LANES; k++) r += acc[k];
+  for (int k = 0; k < TSR_ROW_LANES; k++) r += acc[k];
   return r;
 }
 
 /* Σ_d x[d] · y[d]. */
 static inline float dot(const float *restrict x, const float *restrict y, int n) {
-  float acc[TSR_ATTN_LANES] = {0};
+  float acc[TSR_ROW_LANES] = {0};
   int d = 0;
-  for (; d + TSR_ATTN_LANES <= n; d += TSR_ATTN_LANES)
-    for (int k = 0; k < TSR_ATTN_LANES; k++) acc[k] += x[d + k] * y[d + k];
+  for (; d + TSR_ROW_LANES <= n; d += TSR_ROW_LANES)
+    for (int k = 0; k < TSR_ROW_LANES; k++) acc[k] += x[d + k] * y[d + k];
   float r = 0.0f;
   for (; d < n; d++) r += x[d] * y[d];
-  for (int k = 0; k < TSR_ATTN_LANES; k++) r += acc[k];
+  for (int k = 0; k < TSR_ROW_LANES; k++) r += acc[k];
   return r;
 }
 
@@ -284,7 +266,7 @@ TSR_VECTOR_CLONES static void forward_units(void *ctx, int64_t begin, int64_t en
         if (tm == TILE_SOME) mask_tile(s, a, b, i0, nq, j0, nk);
         for (int i = 0; i < nq; i++) {
           float *si = s + (int64_t)i * nk;
-          float bm = row_max(si, nk);
+          float bm = tsr_row_max(si, nk);
           if (bm == -INFINITY) { /* this row sees no key of the tile: it adds nothing */
             memset(si, 0, sizeof(float) * (size_t)nk);
             continue;

@@ -3,6 +3,7 @@
 #define TESSERA_KERNELS_CPU_INTERNAL_H
 
 #include <stdbool.h>
+#include <math.h>
 #include <stdint.h>
 
 #include "tessera/kernels.h"
@@ -24,6 +25,25 @@ void tsr_parallel_for(int64_t n, int64_t min_chunk, tsr_range_fn fn, void *ctx);
 #else
 #define TSR_VECTOR_CLONES
 #endif
+
+/* Lanes of the row reductions (softmax, cross-entropy): fixed, so that the order of the additions,
+ * and so the result, is the same in both clones, on every machine and for any thread count, and
+ * wide enough (two AVX2 vectors) for the compiler to vectorise them, where an in-order loop over a
+ * row is a chain of dependent scalar operations. */
+#define TSR_ROW_LANES 16
+
+/* Largest of row[0..n). Inline, so that each clone of its caller compiles it at its own width. */
+static inline float tsr_row_max(const float *restrict row, int n) {
+  float mx[TSR_ROW_LANES];
+  for (int k = 0; k < TSR_ROW_LANES; k++) mx[k] = -INFINITY;
+  int j = 0;
+  for (; j + TSR_ROW_LANES <= n; j += TSR_ROW_LANES)
+    for (int k = 0; k < TSR_ROW_LANES; k++) mx[k] = row[j + k] > mx[k] ? row[j + k] : mx[k];
+  float r = -INFINITY;
+  for (; j < n; j++) r = row[j] > r ? row[j] : r;
+  for (int k = 0; k < TSR_ROW_LANES; k++) r = mx[k] > r ? mx[k] : r;
+  return r;
+}
 
 /* Kernel timing (tsr_kernel_profile_enable): tsr_profile_begin at the top of a public kernel,
  * tsr_profile_end with its kind and the value begin returned on every way out. */

@@ -7,32 +7,19 @@
 #include "internal.h"
 #include "tessera/kernels.h"
 
-/* Lanes of the row reductions: fixed, so the order of additions (and the result) is the same on
- * every machine and thread count, and wide enough for the compiler to vectorise them. */
-#define TSR_CE_LANES 16
-
+/* the row maximum at this file's clone widths (tsr_row_max is inline) */
 TSR_VECTOR_CLONES static float row_max(const float *restrict row, int V) {
-  float m[TSR_CE_LANES];
-  for (int k = 0; k < TSR_CE_LANES; k++) m[k] = -INFINITY;
-  int j = 0;
-  for (; j + TSR_CE_LANES <= V; j += TSR_CE_LANES)
-    for (int k = 0; k < TSR_CE_LANES; k++) m[k] = row[j + k] > m[k] ? row[j + k] : m[k];
-  float r = -INFINITY;
-  for (; j < V; j++) r = row[j] > r ? row[j] : r;
-  for (int k = 0; k < TSR_CE_LANES; k++) r = m[k] > r ? m[k] : r;
-  return r;
+  return tsr_row_max(row, V);
 }
 
-/* Σ exp(row − m), the terms in f32 (each within 2 ulp) and their sum in double: for a large
- * vocabulary most terms are tiny and an f32 running sum would drop them. */
 TSR_VECTOR_CLONES static double row_sumexp(const float *restrict row, int V, float m) {
-  double s[TSR_CE_LANES] = {0};
+  double s[TSR_ROW_LANES] = {0};
   int j = 0;
-  for (; j + TSR_CE_LANES <= V; j += TSR_CE_LANES)
-    for (int k = 0; k < TSR_CE_LANES; k++) s[k] += (double)tsr_exp_neg(row[j + k] - m);
+  for (; j + TSR_ROW_LANES <= V; j += TSR_ROW_LANES)
+    for (int k = 0; k < TSR_ROW_LANES; k++) s[k] += (double)tsr_exp_neg(row[j + k] - m);
   double r = 0.0;
   for (; j < V; j++) r += (double)tsr_exp_neg(row[j] - m);
-  for (int k = 0; k < TSR_CE_LANES; k++) r += s[k];
+  for (int k = 0; k < TSR_ROW_LANES; k++) r += s[k];
   return r;
 }
 
