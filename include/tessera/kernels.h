@@ -63,7 +63,7 @@ TSR_API int tsr_kernel_threads(void);
  * main(): when the variable is unset, it sets it to TSR_BLAS_THREAD_TIMEOUT (2^18 cycles, about
  * 0.1 ms) and executes the program again (/proc/self/exe, the same argv and environment); it
  * returns having done nothing when the variable is set (by the user, to keep their own, or by
- * the first start) or when the exec fails. */
+ * the first start), under valgrind (which an exec would leave behind) or when the exec fails. */
 #define TSR_BLAS_THREAD_TIMEOUT 18
 TSR_API void tsr_kernel_blas_reexec(char **argv);
 

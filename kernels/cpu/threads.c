@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -48,6 +49,9 @@ int tsr_kernel_threads(void) {
 
 void tsr_kernel_blas_reexec(char **argv) {
   if (getenv("OPENBLAS_THREAD_TIMEOUT")) return;
+  /* under valgrind an exec would leave the tool behind and run the program natively */
+  const char *preload = getenv("LD_PRELOAD");
+  if (preload && strstr(preload, "vgpreload")) return;
   char v[16];
   snprintf(v, sizeof v, "%d", TSR_BLAS_THREAD_TIMEOUT);
   if (setenv("OPENBLAS_THREAD_TIMEOUT", v, 1) != 0) return;
