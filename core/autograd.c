@@ -310,17 +310,33 @@ static tsr_status run_backward(tsr_tape_t *t, tape_node *node) {
   return st;
 }
 
-/* Runs one node's backward, with its transient inputs rebuilt for the duration. */
-static tsr_status backward_node(tsr_tape_t *t, tape_node *node) {
-  tsr_status st = TSR_OK;
-  for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
+tsr_status tsr_tape_rebuild_transients(tsr_tape_t *t, const tape_node *node) {
+  for (int j = 0; j < node->ninputs; j++)
     if (node->remat[j] && !node->inputs[j]->value->local)
-      st = tsr_tape_rebuild_local(t, node->inputs[j], node->remat[j]);
-  if (st == TSR_OK) st = tsr_tape_recompute_inputs(t, node);
-  if (st == TSR_OK) st = run_backward(t, node);
+      TSR_CHECK(tsr_tape_rebuild_local(t, node->inputs[j], node->remat[j]));
+  return TSR_OK;
+}
+
+void tsr_tape_drop_transients(const tape_node *node) {
   for (int j = 0; j < node->ninputs; j++)
     if (node->remat[j]) tsr_tape_drop_local(node->inputs[j]);
+}
+
+/* Runs the node's backward with every input it reads in place: its transient inputs gathered
+ * again and the values selective checkpointing released made again for the call, and released
+ * after it. */
+static tsr_status run_node(tsr_tape_t *t, tape_node *node) {
+  tsr_status st = tsr_tape_rebuild_transients(t, node);
+  if (st == TSR_OK) st = tsr_tape_recompute_inputs(t, node);
+  if (st == TSR_OK) st = run_backward(t, node);
+  tsr_tape_drop_transients(node);
   tsr_tape_recompute_release(t, node);
+  return st;
+}
+
+/* Runs one node's backward and frees its outputs' gradients. */
+static tsr_status backward_node(tsr_tape_t *t, tape_node *node) {
+  tsr_status st = run_node(t, node);
   if (st != TSR_OK) return tsr_error_prefix(st, "backward of '%s'", node->op);
   /* An intermediate's gradient is read only by the node that made it: free it now to keep
    * backward's memory at one layer's worth. */
@@ -489,17 +505,9 @@ static tsr_status split_run(tsr_tape_t *t, tape_node *node, bool mask_act) {
       node->inputs[j]->requires_grad = false;
       masked[j] = true;
     }
-  tsr_status st = TSR_OK;
-  for (int j = 0; j < node->ninputs && st == TSR_OK; j++)
-    if (node->remat[j] && !node->inputs[j]->value->local)
-      st = tsr_tape_rebuild_local(t, node->inputs[j], node->remat[j]);
-  if (st == TSR_OK) st = tsr_tape_recompute_inputs(t, node);
-  if (st == TSR_OK) st = run_backward(t, node);
-  for (int j = 0; j < node->ninputs; j++) {
-    if (node->remat[j]) tsr_tape_drop_local(node->inputs[j]);
+  tsr_status st = run_node(t, node);
+  for (int j = 0; j < node->ninputs; j++)
     if (masked[j]) node->inputs[j]->requires_grad = true;
-  }
-  tsr_tape_recompute_release(t, node);
   if (st != TSR_OK)
     return tsr_error_prefix(st, "%s backward of '%s'", mask_act ? "weight" : "input", node->op);
   return TSR_OK;

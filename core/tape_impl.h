@@ -62,6 +62,10 @@ struct tsr_tape_t {
 tsr_status tsr_tape_rebuild_local(tsr_tape_t *t, tsr_var *v, const tsr_var *src);
 /* Releases v's local tensor (the DTensor's metadata stays). */
 void tsr_tape_drop_local(tsr_var *v);
+/* Gathers the node's released transient inputs again (tsr_tape_set_transient), for a read. */
+tsr_status tsr_tape_rebuild_transients(tsr_tape_t *t, const tape_node *node);
+/* Releases the node's transient inputs again. */
+void tsr_tape_drop_transients(const tape_node *node);
 
 /* Makes the local tensors of the node's inputs that selective checkpointing released again. */
 tsr_status tsr_tape_recompute_inputs(tsr_tape_t *t, const tape_node *node);

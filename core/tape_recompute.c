@@ -58,13 +58,8 @@ static tsr_status recompute(tsr_tape_t *t, tape_node *n, int depth) {
   tsr_var *o = n->outputs[0];
   const tsr_dtensor *ov = o->value;
   tsr_dtensor *d = NULL;
-  bool rebuilt[TAPE_MAX_IO] = {0};
-  tsr_status st = TSR_OK;
-  for (int j = 0; j < n->ninputs && st == TSR_OK; j++)
-    if (n->remat[j] && !n->inputs[j]->value->local) {
-      st = tsr_tape_rebuild_local(t, n->inputs[j], n->remat[j]);
-      rebuilt[j] = st == TSR_OK;
-    }
+  /* a transient is read by this node alone, whose own backward gathers it again itself */
+  tsr_status st = tsr_tape_rebuild_transients(t, n);
   if (st == TSR_OK)
     st = tsr_dtensor_uninit(t->r, ov->mesh, ov->dtype, ov->ndim, ov->shape, ov->placements, &d);
   if (st == TSR_OK) {
@@ -81,8 +76,7 @@ static tsr_status recompute(tsr_tape_t *t, tape_node *n, int depth) {
     b->op_pass = pass;
   }
   tsr_dtensor_free(d);
-  for (int j = 0; j < n->ninputs; j++)
-    if (rebuilt[j]) tsr_tape_drop_local(n->inputs[j]);
+  tsr_tape_drop_transients(n);
   if (st != TSR_OK) {
     tsr_tape_drop_local(o);
     return tsr_error_prefix(st, "recomputing '%s' (selective activation checkpointing)", n->op);
