@@ -166,17 +166,25 @@ static void grad_free(sim *s, svar *v) {
   v->has_grad = v->borrowed = false;
 }
 
+/* The node that made var y, or NULL when the op recorded none (a tape not recording, or no input
+ * that needs a gradient). */
+static snode *made_by(stape *t, int y) {
+  return t->nn && t->n[t->nn - 1].out[0] == y ? &t->n[t->nn - 1] : NULL;
+}
+
 /* A view (split or merge of heads): no bytes of its own, a gradient of `bytes`. */
 static int view(sim *s, stape *t, int x, int64_t bytes) {
   int y = OP(s, t, 0, 0, x);
   t->v[y].gbytes = bytes;
-  if (t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].alias = true;
+  snode *n = made_by(t, y);
+  if (n) n->alias = true;
   return y;
 }
 
 static int add(sim *s, stape *t, int a, int b) {
   int y = OP(s, t, s->T * s->C * F32, 0, a, b);
-  if (t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].alias = true;
+  snode *n = made_by(t, y);
+  if (n) n->alias = true;
   return y;
 }
 
@@ -346,7 +354,8 @@ static int linear(sim *s, stape *t, int x, int k, int64_t out, int64_t w_elems, 
   s->p[w - PARAM].alone = column && s->fsdp_tp_rows;
   if (s->fsdp > 1) bump(s, full + out);
   int y = OP(s, t, out, 0, x, w);
-  if (s->fsdp > 1 && t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].bwd_ws = full;
+  snode *n = made_by(t, y);
+  if (n && s->fsdp > 1) n->bwd_ws = full;
   s->lin_out += out;
   return y;
 }
@@ -413,8 +422,8 @@ static int moe(sim *s, stape *t, int x) {
    * four row buffers. Rows received assume an even routing. */
   bump(s, T * C * F32 + 3 * M * C * F32);
   int y = OP(s, t, T * C * F32, 2 * M * C * F32 + M * 2 * I * F32, x, combine, w13, w2);
-  /* recorded only on a recording tape (not in a checkpointed layer's first forward) */
-  if (t->nn && t->n[t->nn - 1].out[0] == y) t->n[t->nn - 1].bwd_ws = 4 * M * C * F32;
+  snode *n = made_by(t, y);
+  if (n) n->bwd_ws = 4 * M * C * F32;
   return y;
 }
 
@@ -463,7 +472,8 @@ static int decoder_layer(sim *s, stape *t, int l, int h) {
   tape_reset(s, sub);
   tape_free(sub);
   int o = OP(s, t, ob, 0, h);
-  t->n[t->nn - 1].layer = l;
+  snode *n = made_by(t, o);
+  if (n) n->layer = l;
   /* the node lists the layer's weights: mark them for gradients */
   return o;
 }
@@ -730,6 +740,18 @@ static double mib(int64_t b) {
   return (double)b / (1024.0 * 1024.0);
 }
 
+typedef struct act_table {
+  const tsr_train_mem *state;
+  const tsr_train_act *act;
+} act_table;
+
+static bool same_act(const void *ctx, int a, int b) {
+  const act_table *t = ctx;
+  return t->act[a].peak == t->act[b].peak && t->act[a].tape == t->act[b].tape &&
+         tsr_train_act_total(&t->state[a], &t->act[a]) ==
+             tsr_train_act_total(&t->state[b], &t->act[b]);
+}
+
 void tsr_train_act_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *state,
                          const tsr_train_act *act) {
   int world = (int)job->cfg->mesh.world;
@@ -746,19 +768,8 @@ void tsr_train_act_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *s
     if (done && done[r]) continue;
     const tsr_train_act *a = &act[r];
     int64_t tot = tsr_train_act_total(&state[r], a);
-    fprintf(f, "  rank %d", r);
-    int shown = 0, more = 0;
-    for (int q = r + 1; done && q < world; q++) {
-      if (act[q].peak != a->peak || act[q].tape != a->tape ||
-          tsr_train_act_total(&state[q], &act[q]) != tot)
-        continue;
-      done[q] = true;
-      if (shown < 15)
-        fprintf(f, ",%d", q), shown++;
-      else
-        more++;
-    }
-    if (more) fprintf(f, " (+%d more)", more);
+    act_table tab = {state, act};
+    tsr_train_rank_group(f, r, world, done, same_act, &tab);
     fprintf(f,
             ": tape %.3f MiB x %d in flight  beyond the state %.3f MiB  predicted total %.3f MiB "
             "(%lld bytes)\n",

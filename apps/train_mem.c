@@ -177,6 +177,26 @@ static int64_t total(const tsr_train_mem *m) {
   return m->params + m->grads + m->optim;
 }
 
+void tsr_train_rank_group(FILE *f, int r, int world, bool *done,
+                          bool (*same)(const void *ctx, int a, int b), const void *ctx) {
+  fprintf(f, "  rank %d", r);
+  int shown = 0, more = 0;
+  for (int q = r + 1; done && q < world; q++) {
+    if (done[q] || !same(ctx, r, q)) continue;
+    done[q] = true;
+    if (shown < 15)
+      fprintf(f, ",%d", q), shown++;
+    else
+      more++;
+  }
+  if (more) fprintf(f, " (+%d more)", more);
+}
+
+static bool same_state(const void *ctx, int a, int b) {
+  const tsr_train_mem *m = ctx;
+  return m[a].params == m[b].params && m[a].grads == m[b].grads && m[a].optim == m[b].optim;
+}
+
 void tsr_train_mem_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *per_rank,
                          const char *what) {
   int world = (int)job->cfg->mesh.world;
@@ -191,18 +211,7 @@ void tsr_train_mem_print(FILE *f, const tsr_app_job *job, const tsr_train_mem *p
     if (done && done[r]) continue;
     const tsr_train_mem *m = &per_rank[r];
     /* ranks holding the same bytes share one line: the pattern over the mesh is the point */
-    fprintf(f, "  rank %d", r);
-    int shown = 0, more = 0;
-    for (int q = r + 1; done && q < world; q++) {
-      const tsr_train_mem *o = &per_rank[q];
-      if (o->params != m->params || o->grads != m->grads || o->optim != m->optim) continue;
-      done[q] = true;
-      if (shown < 15)
-        fprintf(f, ",%d", q), shown++;
-      else
-        more++;
-    }
-    if (more) fprintf(f, " (+%d more)", more);
+    tsr_train_rank_group(f, r, world, done, same_state, per_rank);
     fprintf(f, ": params %s  grads %s  adamw %s  total %s = %.4f of 1 rank\n",
             mib(m->params, a, sizeof a), mib(m->grads, b, sizeof b), mib(m->optim, c, sizeof c),
             mib(total(m), d, sizeof d), one ? (double)total(m) / (double)one : 0.0);

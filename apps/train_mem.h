@@ -5,6 +5,7 @@
 #ifndef TESSERA_APP_TRAIN_MEM_H
 #define TESSERA_APP_TRAIN_MEM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -27,6 +28,12 @@ tsr_train_mem tsr_train_mem_measure(tsr_train_rank *t);
  * Models above TSR_TRAIN_MEM_PLAN_MAX_PARAMS are not built (TSR_ENOTSUP). */
 #define TSR_TRAIN_MEM_PLAN_MAX_PARAMS (256LL * 1024 * 1024)
 tsr_status tsr_train_mem_plan(const tsr_app_job *job, tsr_train_mem *per_rank, char **params_text);
+
+/* For a per-rank table whose alike ranks share a line: prints "  rank R" and ",Q" for each later
+ * rank Q not yet `done` that same(ctx, R, Q) finds alike (up to 15, then "(+N more)"), and marks
+ * those done. The caller skips done ranks and ends the line. `done` may be NULL: R alone. */
+void tsr_train_rank_group(FILE *f, int r, int world, bool *done,
+                          bool (*same)(const void *ctx, int a, int b), const void *ctx);
 
 /* Prints the table: one line per group of ranks holding the same bytes, each against the state
  * one rank would hold for the whole model. `what` says "planned" or "measured". */
