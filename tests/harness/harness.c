@@ -133,3 +133,11 @@ const tsr_registry_t *tsr_test_layout(void) {
   pthread_once(&layout_once, layout_make);
   return layout;
 }
+
+tsr_mesh_t *tsr_test_one_rank_mesh(void) {
+  int shape[1] = {1};
+  const char *names[1] = {"dp"};
+  tsr_mesh_t *m = NULL;
+  tsr_mesh_init(1, 1, shape, names, &m);
+  return m;
+}

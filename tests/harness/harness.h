@@ -20,6 +20,9 @@
  * intermediate 20 split unevenly over 2, 3 and 4 ranks; 4 heads over 2 kv heads; 2 layers. */
 extern const tsr_llama_config tsr_test_llama;
 
+/* A mesh of one rank with one dim, "dp" (NULL when out of memory); free with tsr_mesh_free. */
+tsr_mesh_t *tsr_test_one_rank_mesh(void);
+
 /* A registry with the data layout and pipeline stages the in-tree plugins declare (batch split
  * over dp, dp_shard and dp_replicate, sequence split over ring_cp and ulysses_cp, stages over
  * pp) and no rule: for tests that run the model on those dims through the core's generic rules

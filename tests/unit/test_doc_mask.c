@@ -4,6 +4,7 @@
  * sdpa_doc: the separate runs use the plain causal ops, positions from 0). */
 #include <string.h>
 
+#include "harness.h"
 #include "llama.h"
 #include "test_kernels_util.h"
 #include "tessera/comm.h"
@@ -156,14 +157,6 @@ typedef struct model_run {
   int compared;
 } model_run;
 
-static tsr_mesh_t *one_rank_mesh(void) {
-  int shape[1] = {1};
-  const char *names[1] = {"dp"};
-  tsr_mesh_t *m = NULL;
-  tsr_mesh_init(1, 1, shape, names, &m);
-  return m;
-}
-
 /* Forward and backward of rows [from, from + n) of the packed row, with segment ids and
  * positions when `docs`: the logits (n, V) into logits, the gradients (sum of every parameter's
  * numel) into grads, scaled by the loss's valid tokens so that documents add up. */
@@ -216,7 +209,7 @@ static tsr_status run_model(tsr_comm_t *comm, void *arg) {
                           .rope_theta = 100.0f};
   tsr_rank_t *r = NULL;
   TSR_CHECK(tsr_rank_new(comm, NULL, &r));
-  tsr_mesh_t *mesh = one_rank_mesh();
+  tsr_mesh_t *mesh = tsr_test_one_rank_mesh();
   tsr_llama_t *m = NULL;
   int32_t ids[L_PACKED], labels[L_PACKED], seg[L_PACKED], pos[L_PACKED];
   float *lp = NULL, *ls = NULL;

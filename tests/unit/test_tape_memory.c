@@ -11,6 +11,7 @@
 
 #include <cmocka.h>
 
+#include "harness.h"
 #include "tessera/ops.h"
 
 enum { B = 2, L = 6, H = 2, D = 4, C = H * D, I = 12 };
@@ -18,14 +19,6 @@ enum { B = 2, L = 6, H = 2, D = 4, C = H * D, I = 12 };
 static float rnd(uint64_t *s) {
   *s = *s * 6364136223846793005ull + 1442695040888963407ull;
   return (float)((*s >> 40) & 0xffffff) / 8388608.0f - 1.0f;
-}
-
-static tsr_mesh_t *one_rank_mesh(void) {
-  int shape[1] = {1};
-  const char *names[1] = {"dp"};
-  tsr_mesh_t *m = NULL;
-  tsr_mesh_init(1, 1, shape, names, &m);
-  return m;
 }
 
 static tsr_status leaf(tsr_rank_t *r, const tsr_mesh_t *m, int ndim, const int64_t *shape,
@@ -131,7 +124,7 @@ static tsr_status run(tsr_comm_t *comm, void *arg) {
   run_case *rc = arg;
   tsr_rank_t *r = NULL;
   TSR_CHECK(tsr_rank_new(comm, NULL, &r));
-  tsr_mesh_t *m = one_rank_mesh();
+  tsr_mesh_t *m = tsr_test_one_rank_mesh();
   tsr_status st = run_block(r, m, false, rc);
   if (st == TSR_OK) st = run_block(r, m, true, rc);
   tsr_mesh_free(m);
@@ -163,7 +156,7 @@ static tsr_status run_shared(tsr_comm_t *comm, void *arg) {
   float *out = arg;
   tsr_rank_t *r = NULL;
   TSR_CHECK(tsr_rank_new(comm, NULL, &r));
-  tsr_mesh_t *m = one_rank_mesh();
+  tsr_mesh_t *m = tsr_test_one_rank_mesh();
   int64_t xs[1] = {5};
   tsr_var *a = NULL, *b = NULL, *aa, *y;
   tsr_tape_t *t = NULL;
